@@ -1,0 +1,33 @@
+"""The causal-graph generator as a record source for the builder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from cachebuild.build.plan import BLOCK_RECORDS, block_rng
+from cachebuild.causal import CAUSAL_FIELDS, CausalConfig, generate_graphs
+
+__all__ = ["CausalSource"]
+
+
+@dataclass(frozen=True)
+class CausalSource:
+    """Makes causal-graph records; block b of shard i is seeded from (seed, i, b)."""
+
+    cfg: CausalConfig
+    kind: str = "causal"
+
+    def fields(self) -> list[tuple[str, str]]:
+        fields = [(k, v) for k, v in CAUSAL_FIELDS.items() if k != "json"]
+        return fields + [("json", "json")]
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.cfg.to_dict()
+
+    def estimated_record_bytes(self) -> int:
+        return int(self.cfg.estimated_record_bytes())
+
+    def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
+        for b, a in enumerate(range(start, stop, BLOCK_RECORDS)):
+            yield generate_graphs(self.cfg, block_rng(seed, shard, b), min(BLOCK_RECORDS, stop - a))

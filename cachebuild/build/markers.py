@@ -1,0 +1,70 @@
+"""Per-shard completion markers and the in-progress build record.
+
+A shard counts as built (for resume) only when its ``.done.json`` marker exists,
+names the same build fingerprint, and the tar and index on disk still hash to
+the checksums it records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from cachebuild.format.atomic import atomic_write_bytes
+from cachebuild.format.shard_writer import WrittenShard, index_name
+
+__all__ = ["BUILD_RECORD", "done_name", "write_done", "read_valid_done", "file_sha256", "write_json", "read_json"]
+
+BUILD_RECORD = "build.json"
+
+
+def done_name(shard: str) -> str:
+    return shard.removesuffix(".tar") + ".done.json"
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, read in large chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_json(path: Path, doc: dict[str, Any], sync: bool = True) -> None:
+    atomic_write_bytes(path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode(), sync=sync)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON document, or None when missing or unreadable (treated as not done)."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def write_done(folder: Path, shard: WrittenShard, fingerprint: str, sync: bool = True) -> None:
+    write_json(folder / done_name(shard.name), {"fingerprint": fingerprint, "shard": shard.to_dict()}, sync=sync)
+
+
+def read_valid_done(folder: Path, name: str, fingerprint: str) -> WrittenShard | None:
+    """The shard's record if it is complete and verifies, else None (so it is rebuilt)."""
+    doc = read_json(folder / done_name(name))
+    if not doc or doc.get("fingerprint") != fingerprint:
+        return None
+    try:
+        shard = WrittenShard(**doc["shard"])
+    except (KeyError, TypeError):
+        return None
+    tar, idx = folder / name, folder / index_name(name)
+    try:
+        if tar.stat().st_size != shard.bytes:
+            return None
+        if file_sha256(tar) != shard.sha256 or file_sha256(idx) != shard.index_sha256:
+            return None
+    except OSError:
+        return None
+    return shard

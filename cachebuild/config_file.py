@@ -1,0 +1,72 @@
+"""TOML recipes: read once, with CLI overrides applied, errors naming file and key."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from cachebuild.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["load_toml", "apply_overrides", "set_key"]
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML config file; a missing or malformed file is a ConfigError naming it."""
+    p = Path(path)
+    try:
+        text = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {p} is a folder, not a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {p} cannot be read: {exc.strerror}") from None
+    try:
+        return tomllib.loads(text.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+
+
+def set_key(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``doc['a']['b'] = value`` for ``dotted='a.b'``, creating tables as needed."""
+    parts = dotted.split(".")
+    node = doc
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"config key '{dotted}': '{part}' is a value, not a table")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _parse_value(text: str) -> Any:
+    """A CLI override value: TOML/JSON literal when it parses (numbers, booleans, lists), else a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+
+def apply_overrides(doc: Mapping[str, Any], overrides: Iterable[str] = (), values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of ``doc`` with ``KEY=VALUE`` strings and typed ``values`` (None = not given) applied."""
+    out = copy.deepcopy(dict(doc))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form KEY=VALUE (e.g. graph.edge_prob=0.4)")
+        key, _, text = item.partition("=")
+        set_key(out, key.strip(), _parse_value(text.strip()))
+    for key, value in (values or {}).items():
+        if value is not None:
+            set_key(out, key, value)
+    return out

@@ -1,0 +1,73 @@
+"""Every error cachebuild raises on purpose.
+
+Each class derives from :class:`CacheBuildError` and from the builtin it
+resembles, so callers can catch either. Messages name the file, field and value
+at fault. The CLI maps each class to an exit code (``exit_code``) and prints the
+message on one line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CacheBuildError",
+    "ConfigError",
+    "ShardCorruptError",
+    "ManifestError",
+    "CacheMismatchError",
+    "OutputError",
+    "SourceError",
+    "RemoteError",
+]
+
+
+class CacheBuildError(Exception):
+    """Base class of cachebuild's own errors."""
+
+    exit_code = 1
+
+
+class ConfigError(CacheBuildError, ValueError):
+    """A configuration value (from TOML or a CLI flag) is missing or invalid."""
+
+    exit_code = 2
+
+    @classmethod
+    def bad_value(cls, key: str, value: object, allowed: str) -> "ConfigError":
+        """Build the standard message: which key, which value, what is allowed."""
+        return cls(f"config key '{key}' has invalid value {value!r}: {allowed}")
+
+
+class ShardCorruptError(CacheBuildError, ValueError):
+    """A shard or its index does not match its checksum or cannot be decoded."""
+
+    exit_code = 3
+
+
+class ManifestError(CacheBuildError, FileNotFoundError):
+    """The cache's manifest is missing, unreadable, or of an unknown version."""
+
+    exit_code = 3
+
+
+class CacheMismatchError(CacheBuildError, ValueError):
+    """An existing cache was built from another config/seed than the one requested."""
+
+    exit_code = 4
+
+
+class OutputError(CacheBuildError, OSError):
+    """The output location cannot be written (a file, read-only, disk full, ...)."""
+
+    exit_code = 5
+
+
+class SourceError(CacheBuildError, ValueError):
+    """An input file (HDF5, WAV, ...) is missing, malformed or incompatible."""
+
+    exit_code = 6
+
+
+class RemoteError(CacheBuildError, OSError):
+    """A remote cache location (http, s3, ...) cannot be reached or read."""
+
+    exit_code = 7

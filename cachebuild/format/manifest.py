@@ -1,0 +1,184 @@
+"""The cache manifest: one JSON at the cache root, written last and atomically.
+
+It holds the format version, the generator config and seed, the codec, the
+field schemas (dtype, rank, max shape, which axes vary) and, per shard, its
+name, first record id, record count, bytes and checksums.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from cachebuild.errors import ManifestError
+from cachebuild.format.atomic import atomic_write_bytes
+from cachebuild.format.codec import Codec, parse_codec
+
+__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "read_manifest", "write_manifest"]
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+FORMAT_NAME = "cachebuild-shards"
+
+
+@dataclass(frozen=True)
+class FieldSchema:
+    """One field of every record: dtype (or ``"json"``), rank, max shape over the cache, varying axes."""
+
+    name: str
+    dtype: str
+    ndim: int = 0
+    max_shape: tuple[int, ...] = ()
+    min_shape: tuple[int, ...] = ()
+
+    @property
+    def varying_axes(self) -> tuple[int, ...]:
+        """Axes whose length differs between records (padding needed to batch them)."""
+        return tuple(i for i, (lo, hi) in enumerate(zip(self.min_shape, self.max_shape)) if lo != hi)
+
+    def to_dict(self) -> dict:
+        return {
+            "dtype": self.dtype,
+            "ndim": self.ndim,
+            "max_shape": list(self.max_shape),
+            "min_shape": list(self.min_shape),
+            "varying_axes": list(self.varying_axes),
+        }
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """A complete shard as listed in the manifest."""
+
+    name: str
+    index: str
+    first_record: int
+    records: int
+    bytes: int
+    sha256: str
+    index_sha256: str
+    raw_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed ``manifest.json`` of a cache (``root`` is where it was read from)."""
+
+    kind: str
+    config: dict[str, Any]
+    seed: int
+    codec: Codec
+    fields: tuple[FieldSchema, ...]
+    shards: tuple[ShardEntry, ...]
+    version: int = FORMAT_VERSION
+    build: dict[str, Any] = field(default_factory=dict)
+    created_by: str = ""
+    root: str = ""
+
+    @property
+    def records(self) -> int:
+        return sum(s.records for s in self.shards)
+
+    @property
+    def field_names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def schema(self, name: str) -> FieldSchema:
+        """The schema of field ``name``; a clear error for an unknown one."""
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"field {name!r} not in cache {self.root or '?'} (has: {', '.join(self.field_names)})")
+
+    def shard_starts(self) -> np.ndarray:
+        """First global record id of every shard, plus the total at the end ([shards+1])."""
+        counts = np.array([s.records for s in self.shards], dtype=np.int64)
+        return np.concatenate([[0], np.cumsum(counts)])
+
+    def to_json(self) -> bytes:
+        doc = {
+            "format": FORMAT_NAME,
+            "version": self.version,
+            "kind": self.kind,
+            "created_by": self.created_by,
+            "seed": self.seed,
+            "codec": self.codec.to_dict(),
+            "records": self.records,
+            "fields": {f.name: f.to_dict() for f in self.fields},
+            "config": self.config,
+            "build": self.build,
+            "shards": [s.to_dict() for s in self.shards],
+        }
+        return (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str, root: str = "") -> "Manifest":
+        """Parse manifest text; errors name the location and the bad key."""
+        where = f"{root}/{MANIFEST_NAME}" if root else MANIFEST_NAME
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{where}: not valid JSON ({exc})") from exc
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+            raise ManifestError(f"{where}: not a cachebuild manifest (format={doc.get('format') if isinstance(doc, dict) else None!r})")
+        if doc.get("version") != FORMAT_VERSION:
+            raise ManifestError(f"{where}: format version {doc.get('version')!r} is not supported (this cachebuild reads {FORMAT_VERSION})")
+        try:
+            fields = tuple(
+                FieldSchema(name, f["dtype"], int(f["ndim"]), tuple(f["max_shape"]), tuple(f["min_shape"]))
+                for name, f in doc["fields"].items()
+            )
+            shards = tuple(ShardEntry(**s) for s in doc["shards"])
+            return cls(
+                kind=doc["kind"],
+                config=doc["config"],
+                seed=int(doc["seed"]),
+                codec=parse_codec(doc["codec"]),
+                fields=fields,
+                shards=shards,
+                version=doc["version"],
+                build=doc.get("build", {}),
+                created_by=doc.get("created_by", ""),
+                root=root,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{where}: malformed ({type(exc).__name__}: {exc})") from exc
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    """Read ``root/manifest.json``; a missing cache gives a message naming the path."""
+    path = Path(root) / MANIFEST_NAME
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        hint = " (the folder does not exist)" if not Path(root).exists() else " (incomplete build? rerun the same command to finish it)"
+        raise ManifestError(f"no cache manifest at {path}{hint}") from exc
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
+    return Manifest.from_json(data, str(root))
+
+
+def write_manifest(root: str | Path, manifest: Manifest) -> None:
+    """Write the manifest atomically (temp name, fsync, rename)."""
+    atomic_write_bytes(Path(root) / MANIFEST_NAME, manifest.to_json())
+
+
+def schemas_from_indexes(fields: Sequence[tuple[str, str]], indexes: Sequence[np.ndarray]) -> tuple[FieldSchema, ...]:
+    """Field schemas (max/min shape per axis) computed from the shards' indexes."""
+    out = []
+    for j, (name, dtype) in enumerate(fields):
+        if dtype == "json" or not indexes or sum(len(ix) for ix in indexes) == 0:
+            out.append(FieldSchema(name, dtype))
+            continue
+        cols = [ix[:, j] for ix in indexes if len(ix)]
+        ndim = int(cols[0]["ndim"][0])
+        shapes = np.concatenate([c["shape"][:, :ndim] for c in cols])
+        out.append(FieldSchema(name, dtype, ndim, tuple(int(v) for v in shapes.max(0)), tuple(int(v) for v in shapes.min(0))))
+    return tuple(out)

@@ -1,0 +1,194 @@
+"""Write records into one shard: a plain tar of per-member-compressed ``.npy``/JSON
+payloads plus its sidecar index, both under temporary names until complete."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from cachebuild.format.atomic import fsync_dir, output_error, tmp_name
+from cachebuild.format.codec import Codec
+from cachebuild.format.index import INDEX_DTYPE, MAX_NDIM, index_bytes
+from cachebuild.format.npy import npy_header
+from cachebuild.format.tarball import END_OF_ARCHIVE, padding, tar_header
+
+__all__ = ["ShardWriter", "WrittenShard", "record_key", "member_name", "JSON_DTYPE", "index_name"]
+
+JSON_DTYPE = "json"
+_FLUSH_BYTES = 8 << 20
+
+
+def record_key(record_id: int) -> str:
+    """The WebDataset key of a record: its global id, zero-padded."""
+    return f"{record_id:010d}"
+
+
+def member_name(key: str, field: str, dtype: str, codec: Codec) -> str:
+    """``{key}.{field}.npy[.zst]``, or ``{key}.json[.zst]`` for the metadata field."""
+    if dtype == JSON_DTYPE:
+        return f"{key}.{field}{codec.suffix}"
+    return f"{key}.{field}.npy{codec.suffix}"
+
+
+def index_name(shard_name: str) -> str:
+    """Sidecar index file name of a shard (``shard-00000.tar`` -> ``shard-00000.idx.npy``)."""
+    return shard_name.removesuffix(".tar") + ".idx.npy"
+
+
+@dataclass(frozen=True)
+class WrittenShard:
+    """What a finished shard is, as the manifest records it."""
+
+    name: str
+    index: str
+    first_record: int
+    records: int
+    bytes: int
+    sha256: str
+    index_sha256: str
+    raw_bytes: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class ShardWriter:
+    """Streams records into ``folder/name``; call :meth:`close` to publish it.
+
+    ``fields`` is the ordered schema ``[(field, dtype), ...]`` (dtype ``"json"``
+    for a JSON member). Records are dicts holding exactly those fields.
+    Nothing is visible under the final name until ``close()`` succeeds; on any
+    error, call :meth:`abort` to remove the partial files.
+    """
+
+    def __init__(self, folder: Path, name: str, fields: Sequence[tuple[str, str]], codec: Codec, first_record: int):
+        self.folder = Path(folder)
+        self.name = name
+        self.fields = list(fields)
+        self.codec = codec
+        self.first_record = first_record
+        self._cctx = codec.compressor()
+        self._final = self.folder / name
+        self._tmp = tmp_name(self._final)
+        self._sha = hashlib.sha256()
+        self._rows: list[np.ndarray] = []
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._pos = 0
+        self._raw_bytes = 0
+        try:
+            self._fh = open(self._tmp, "wb", buffering=0)
+        except OSError as exc:
+            raise output_error(self._final, exc) from exc
+
+    @property
+    def records(self) -> int:
+        return len(self._rows)
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        """Append one record (a dict of numpy arrays, and a JSON-able dict for JSON fields)."""
+        if len(record) != len(self.fields):
+            extra = sorted(set(record) - {f for f, _ in self.fields})
+            missing = sorted({f for f, _ in self.fields} - set(record))
+            raise ValueError(f"record fields do not match the schema: missing {missing}, unexpected {extra}")
+        key = record_key(self.first_record + len(self._rows))
+        row = np.zeros(len(self.fields), dtype=INDEX_DTYPE)
+        for j, (field, dtype) in enumerate(self.fields):
+            value = record[field]
+            if dtype == JSON_DTYPE:
+                data = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+                raw, nbytes, shape = data, len(data), ()
+            else:
+                arr = value
+                if not isinstance(arr, np.ndarray) or arr.dtype != np.dtype(dtype):
+                    got = getattr(arr, "dtype", type(arr).__name__)
+                    raise ValueError(f"field '{field}' of record {key}: expected {dtype} array, got {got}")
+                if arr.ndim > MAX_NDIM:
+                    raise ValueError(f"field '{field}' of record {key}: {arr.ndim} dims > {MAX_NDIM}")
+                if not arr.flags.c_contiguous:
+                    arr = arr.copy(order="C")  # (ascontiguousarray would turn 0-d into 1-d)
+                raw = npy_header(arr) + arr.tobytes()
+                nbytes, shape = arr.nbytes, arr.shape
+            payload = raw if self._cctx is None else self._cctx.compress(raw)
+            name = member_name(key, field, dtype, self.codec)
+            self._emit(tar_header(name, len(payload)))
+            row[j]["offset"] = self._pos
+            row[j]["size"] = len(payload)
+            row[j]["nbytes"] = nbytes
+            row[j]["crc32"] = zlib.crc32(payload) if self._cctx is None else 0
+            row[j]["ndim"] = len(shape)
+            row[j]["shape"] = tuple(shape) + (1,) * (MAX_NDIM - len(shape))
+            self._emit(payload)
+            self._emit(padding(len(payload)))
+            self._raw_bytes += len(raw)
+        self._rows.append(row)
+
+    def _emit(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        self._pending.append(chunk)
+        self._pending_bytes += len(chunk)
+        self._pos += len(chunk)
+        if self._pending_bytes >= _FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        data = b"".join(self._pending)
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._sha.update(data)
+        try:
+            self._fh.write(data)
+        except OSError as exc:
+            raise output_error(self._final, exc) from exc
+
+    def close(self, sync: bool = True) -> WrittenShard:
+        """Finish the tar, write the index, sync both and rename them into place."""
+        self._emit(END_OF_ARCHIVE)
+        self._flush()
+        index = np.stack(self._rows) if self._rows else np.zeros((0, len(self.fields)), INDEX_DTYPE)
+        idx_data = index_bytes(index)
+        idx_final = self.folder / index_name(self.name)
+        idx_tmp = tmp_name(idx_final)
+        try:
+            if sync:
+                os.fsync(self._fh.fileno())
+            self._fh.close()
+            with open(idx_tmp, "wb") as fh:
+                fh.write(idx_data)
+                if sync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(idx_tmp, idx_final)
+            os.replace(self._tmp, self._final)
+        except OSError as exc:
+            self.abort()
+            idx_tmp.unlink(missing_ok=True)
+            raise output_error(self._final, exc) from exc
+        if sync:
+            fsync_dir(self.folder)
+        return WrittenShard(
+            name=self.name,
+            index=idx_final.name,
+            first_record=self.first_record,
+            records=len(self._rows),
+            bytes=self._pos,
+            sha256=self._sha.hexdigest(),
+            index_sha256=hashlib.sha256(idx_data).hexdigest(),
+            raw_bytes=self._raw_bytes,
+        )
+
+    def abort(self) -> None:
+        """Drop the partial shard (idempotent)."""
+        try:
+            self._fh.close()
+        except OSError:
+            pass
+        self._tmp.unlink(missing_ok=True)

@@ -1,0 +1,56 @@
+"""Human-readable summary of a cache: counts, sizes, ratio, field schemas, one record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cachebuild.format.manifest import read_manifest
+from cachebuild.format.shard_reader import ShardReader
+
+__all__ = ["inspect_cache", "describe_value"]
+
+
+def describe_value(value: Any) -> str:
+    """One line for a decoded field: shape, dtype and value range, or the JSON text."""
+    if isinstance(value, np.ndarray):
+        if value.size == 0:
+            return f"{value.dtype}{list(value.shape)} (empty)"
+        v = value.astype(np.float64)
+        return f"{value.dtype}{list(value.shape)} min {v.min():.4g} max {v.max():.4g} mean {v.mean():.4g}"
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) < 300 else text[:297] + "..."
+
+
+def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
+    """Lines describing the cache at ``root`` and record number ``record``."""
+    root = Path(root)
+    m = read_manifest(root)
+    stored = sum(s.bytes for s in m.shards)
+    raw = sum(s.raw_bytes for s in m.shards)
+    lines = [
+        f"cache      {root}",
+        f"kind       {m.kind} (format v{m.version}, {m.created_by})",
+        f"records    {m.records} in {len(m.shards)} shards (seed {m.seed})",
+        f"codec      {m.codec.name}" + (f" level {m.codec.level}" if m.codec.name == "zstd" else ""),
+        f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, ratio {raw / stored if stored else 0:.2f}x",
+        "fields:",
+    ]
+    for f in m.fields:
+        if f.dtype == "json":
+            lines.append(f"  {f.name:<12} json")
+        else:
+            vary = f" (varying axes {list(f.varying_axes)})" if f.varying_axes else ""
+            lines.append(f"  {f.name:<12} {f.dtype:<8} max shape {list(f.max_shape)}{vary}")
+    if m.records:
+        record = min(max(record, 0), m.records - 1)
+        s = int(np.searchsorted(m.shard_starts(), record, side="right") - 1)
+        e = m.shards[s]
+        with ShardReader(root / e.name, root / e.index, [(f.name, f.dtype) for f in m.fields], m.codec, e.first_record, e.bytes) as reader:
+            lines.append(f"record {record} (shard {e.name}):")
+            for name, value in reader.read_record(record - e.first_record).items():
+                lines.append(f"  {name:<12} {describe_value(value)}")
+    return lines

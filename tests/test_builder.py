@@ -1,0 +1,110 @@
+"""The builder: determinism across workers, resume, refusals, full disk."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cachebuild.build import BuildOptions, build_cache
+from cachebuild.build.markers import file_sha256
+from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
+from cachebuild.format import read_manifest
+from cachebuild.testing import ToySource
+from cachebuild.verify import verify_cache
+from conftest import build_toy
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {p.name: file_sha256(p) for p in sorted(root.iterdir())}
+
+
+def test_same_bytes_for_one_or_two_workers(tmp_path):
+    build_toy(tmp_path / "a", workers=1)
+    build_toy(tmp_path / "b", workers=2)
+    a, b = _hashes(tmp_path / "a"), _hashes(tmp_path / "b")
+    assert a == b and len(a) > 10
+
+
+def test_threading_backend_same_bytes(tmp_path, toy_cache):
+    build_toy(tmp_path / "t", workers=2, backend="threading")
+    assert _hashes(tmp_path / "t") == _hashes(toy_cache)
+
+
+def test_rerun_on_complete_cache_does_nothing(tmp_path):
+    build_toy(tmp_path / "c")
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "c").iterdir()}
+    summary = build_toy(tmp_path / "c")
+    assert summary.already_complete and "nothing to do" in summary.lines()[0]
+    assert before == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "c").iterdir()}
+
+
+def test_resume_rebuilds_only_broken_shards_same_bytes(tmp_path, toy_cache):
+    root = tmp_path / "c"
+    shutil.copytree(toy_cache, root)
+    (root / "manifest.json").unlink()  # as if killed before the end
+    (root / "shard-00003.tar").write_bytes(b"garbage")  # a shard cut short
+    (root / "shard-00005.done.json").unlink()  # a shard finished but not marked
+    (root / "shard-00006.tar.tmp-999").write_bytes(b"partial")  # leftover temp file
+    summary = build_toy(root)
+    assert summary.built == 2 and summary.skipped == summary.shards - 2
+    assert _hashes(root) == _hashes(toy_cache)
+
+
+def test_other_config_refused_then_overwritten(tmp_path):
+    build_toy(tmp_path / "c", seed=0)
+    with pytest.raises(CacheMismatchError, match="--overwrite"):
+        build_toy(tmp_path / "c", seed=1)
+    assert verify_cache(tmp_path / "c").ok  # untouched
+    summary = build_toy(tmp_path / "c", seed=1, overwrite=True)
+    assert summary.built == summary.shards and read_manifest(tmp_path / "c").seed == 1
+
+
+def test_bad_outputs(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(OutputError, match="not a folder"):
+        build_toy(f)
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("x")
+    with pytest.raises(OutputError, match="not a cachebuild cache"):
+        build_toy(foreign)
+    assert (foreign / "thesis.tex").read_text() == "x"
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        with pytest.raises(OutputError, match="not writable"):
+            build_toy(ro / "c")
+
+
+@pytest.mark.parametrize("bad", [0, -5])
+def test_bad_counts(tmp_path, bad):
+    with pytest.raises(ConfigError, match="records"):
+        build_toy(tmp_path / "c", records=bad)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 192 KiB tmpfs when we may mount one (root), else skip."""
+    mnt = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+    mnt.mkdir()
+    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_full_disk_is_a_clear_error_and_keeps_existing_cache(small_disk):
+    build_toy(small_disk / "small", records=40)
+    assert verify_cache(small_disk / "small").ok
+    with pytest.raises(OutputError, match="disk full"):
+        build_toy(small_disk / "big", records=5000)
+    assert verify_cache(small_disk / "small").ok
+    assert not (small_disk / "big" / "manifest.json").exists()
+    assert not [p for p in (small_disk / "big").iterdir() if ".tmp-" in p.name]
