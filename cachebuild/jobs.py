@@ -8,18 +8,9 @@ from typing import Any, Iterable, Mapping
 from cachebuild.build import BuildOptions, BuildSummary, build_cache
 from cachebuild.recipes import load_recipe
 
-__all__ = ["run_causal_build", "backend_args", "DEFAULT_GRAPHS"]
+__all__ = ["run_causal_build", "DEFAULT_GRAPHS"]
 
 DEFAULT_GRAPHS = 10_000
-
-
-def backend_args(backend: str, address: str | None) -> dict[str, Any]:
-    """Arguments joblib's parallel_config needs for a backend (cluster address)."""
-    if backend == "dask" and address:
-        return {"scheduler_host": address}
-    if backend == "ray" and address:
-        return {"address": address}
-    return {}
 
 
 def run_causal_build(
@@ -40,14 +31,14 @@ def run_causal_build(
     recipe = load_recipe(config_path, overrides, values, count_key="graphs")
     cfg = parse_causal_config(recipe.table)
     opts = BuildOptions(
-        out=Path(out),
+        out=out,
         records=recipe.count or DEFAULT_GRAPHS,
         seed=recipe.seed,
         codec=recipe.codec,
         shard_bytes=recipe.shard_bytes,
         workers=workers or recipe.workers,
         backend=backend,
-        backend_args=backend_args(backend, address),
+        address=address,
         overwrite=overwrite,
         progress=progress,
     )

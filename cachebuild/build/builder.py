@@ -3,53 +3,61 @@
 Same source config and seed give byte-identical shards whatever the worker
 count or backend, and however often the build was interrupted: each shard is a
 pure function of (config, seed, shard index), written under a temporary name,
-renamed when complete, and marked done; a rerun skips shards that verify.
+renamed (or uploaded) when complete, and marked done; a rerun skips shards that
+verify.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from cachebuild.build.markers import BUILD_RECORD, done_name, read_json, read_valid_done, write_done, write_json
+import numpy as np
+
+from cachebuild.build.backends import BACKENDS, run_jobs
+from cachebuild.build.markers import BUILD_RECORD, done_name, read_valid_done, write_done
+from cachebuild.build.output import LocalOutput, Output, open_output
 from cachebuild.build.plan import BLOCK_RECORDS, ShardSpec, plan_shards
 from cachebuild.build.source import RecordSource
 from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
 from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.codec import Codec
-from cachebuild.format.index import load_index
-from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, read_manifest, schemas_from_indexes, write_manifest
+from cachebuild.format.index import INDEX_DTYPE
+from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
 from cachebuild.format.shard_writer import ShardWriter, WrittenShard, index_name
 
 __all__ = ["BuildOptions", "BuildSummary", "build_cache", "BACKENDS"]
 
-BACKENDS = ("loky", "threading", "dask", "ray")
-
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """How to build (not what): where, how many records, seed, codec, shard size, parallelism."""
+    """How to build (not what): where, how many records, seed, codec, shard size, parallelism.
 
-    out: Path
+    ``out`` is a folder or an fsspec URL; ``address`` is the Dask scheduler or
+    Ray cluster for those backends (None: start a local one).
+    """
+
+    out: Path | str
     records: int
     seed: int = 0
     codec: Codec = Codec()
     shard_bytes: int = 256 << 20
     workers: int | None = None
     backend: str = "loky"
-    backend_args: dict[str, Any] = field(default_factory=dict)
+    address: str | None = None
     overwrite: bool = False
     progress: bool = True
     sync: bool = True
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        if not isinstance(self.records, int) or self.records < 1:
+        if not isinstance(self.records, int) or isinstance(self.records, bool) or self.records < 1:
             raise ConfigError.bad_value("records", self.records, "must be a whole number >= 1")
         if self.shard_bytes < 1:
             raise ConfigError.bad_value("build.shard_mb", self.shard_bytes, "must be > 0")
@@ -63,7 +71,7 @@ class BuildOptions:
 class BuildSummary:
     """What a build produced, for the CLI's closing lines and for callers."""
 
-    out: Path
+    out: str
     records: int
     shards: int
     built: int
@@ -102,51 +110,56 @@ def _fingerprint(source: RecordSource, opts: BuildOptions, per_shard: int) -> st
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _is_ours(p: Path) -> bool:
-    n = p.name
-    return n in (MANIFEST_NAME, BUILD_RECORD) or n.startswith("shard-") or is_tmp_name(p)
+def _is_ours(name: str) -> bool:
+    return name in (MANIFEST_NAME, BUILD_RECORD) or name.startswith("shard-") or is_tmp_name(Path(name))
 
 
-def _prepare_out(out: Path, fingerprint: str, overwrite: bool) -> bool:
-    """Make ``out`` ready; True when it already holds this exact complete cache."""
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"output path {out} exists and is not a folder")
+def _check_local(out: LocalOutput) -> None:
+    path = out.path
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"output path {path} exists and is not a folder")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise output_error(out, exc) from exc
-    if not os.access(out, os.W_OK):
-        raise OutputError(f"cannot write {out}: not writable")
-    entries = list(out.iterdir())
-    foreign = [p.name for p in entries if not _is_ours(p)]
-    if foreign and not (out / MANIFEST_NAME).exists() and not (out / BUILD_RECORD).exists():
-        raise OutputError(f"output folder {out} is not empty and is not a cachebuild cache (found {foreign[0]!r}); choose another --out")
+        raise output_error(path, exc) from exc
+    if not os.access(path, os.W_OK):
+        raise OutputError(f"cannot write {path}: not writable")
+
+
+def _prepare_out(out: Output, fingerprint: str, overwrite: bool) -> bool:
+    """Make the output ready; True when it already holds this exact complete cache."""
+    if isinstance(out, LocalOutput):
+        _check_local(out)
+    names = out.names()
+    foreign = [n for n in names if not _is_ours(n)]
+    if foreign and MANIFEST_NAME not in names and BUILD_RECORD not in names:
+        raise OutputError(f"output folder {out.location} is not empty and is not a cachebuild cache (found {foreign[0]!r}); choose another --out")
     previous = None
-    if (out / MANIFEST_NAME).exists():
-        previous = (read_json(out / MANIFEST_NAME) or {}).get("build", {}).get("fingerprint")
+    if MANIFEST_NAME in names:
+        previous = ((out.read_json(MANIFEST_NAME) or {}).get("build") or {}).get("fingerprint")
         if previous == fingerprint:
             return True
-    elif (out / BUILD_RECORD).exists():
-        previous = (read_json(out / BUILD_RECORD) or {}).get("fingerprint")
+    elif BUILD_RECORD in names:
+        previous = (out.read_json(BUILD_RECORD) or {}).get("fingerprint")
     if previous is not None and previous != fingerprint:
         if not overwrite:
             raise CacheMismatchError(
-                f"{out} holds a cache built with another config, seed, codec or size; "
+                f"{out.location} holds a cache built with another config, seed, codec or size; "
                 "pass --overwrite to replace it, or choose another --out"
             )
-        (out / MANIFEST_NAME).unlink(missing_ok=True)  # first: the old cache stops being complete
-        for p in entries:
-            if _is_ours(p) and p.name != MANIFEST_NAME:
-                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-    for p in entries:
-        if is_tmp_name(p) and p.exists():
-            p.unlink(missing_ok=True)
+        out.remove(MANIFEST_NAME)  # first: the old cache stops being complete
+        for n in names:
+            if _is_ours(n) and n != MANIFEST_NAME:
+                out.remove(n)
+    for n in names:
+        if is_tmp_name(Path(n)):
+            out.remove(n)
     return False
 
 
-def _build_shard(source: RecordSource, seed: int, spec: ShardSpec, out: Path, codec: Codec, fingerprint: str, sync: bool) -> WrittenShard:
-    """Make one shard from scratch (runs in a worker process)."""
-    writer = ShardWriter(out, spec.name, source.fields(), codec, first_record=spec.start)
+def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, codec: Codec, fingerprint: str, sync: bool) -> WrittenShard:
+    """Make one shard from scratch, publish it, then mark it done (runs in a worker)."""
+    writer = ShardWriter(out.staging(), spec.name, source.fields(), codec, first_record=spec.start)
     try:
         for block in source.blocks(seed, spec.index, spec.start, spec.stop):
             for record in block:
@@ -157,6 +170,7 @@ def _build_shard(source: RecordSource, seed: int, spec: ShardSpec, out: Path, co
     except BaseException:
         writer.abort()
         raise
+    out.publish([shard.index, shard.name])
     write_done(out, shard, fingerprint, sync=sync)
     return shard
 
@@ -167,20 +181,6 @@ def _progress(total: int, unit: str, enabled: bool) -> Any:
     return tqdm(total=total, unit=f" {unit}", unit_scale=True, disable=not enabled, dynamic_ncols=True, smoothing=0.1)
 
 
-def _run_parallel(fn: Callable[..., WrittenShard], todo: list[ShardSpec], opts: BuildOptions, args: tuple):
-    """Yield finished shards in completion order, on the chosen joblib backend."""
-    from joblib import Parallel, delayed, parallel_config
-
-    workers = opts.workers or os.cpu_count() or 1
-    workers = min(workers, len(todo))
-    if workers <= 1 and opts.backend == "loky":
-        for spec in todo:
-            yield fn(args[0], args[1], spec, *args[2:])
-        return
-    with parallel_config(backend=opts.backend, n_jobs=workers, **opts.backend_args):
-        yield from Parallel(return_as="generator_unordered")(delayed(fn)(args[0], args[1], spec, *args[2:]) for spec in todo)
-
-
 def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records") -> BuildSummary:
     """Build (or finish, or confirm) the cache described by ``source`` and ``opts``."""
     opts.validate()
@@ -188,27 +188,30 @@ def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records")
     per_shard = max(1, opts.shard_bytes // max(1, source.estimated_record_bytes()))
     plan = plan_shards(opts.records, per_shard)
     fingerprint = _fingerprint(source, opts, per_shard)
-    out = Path(opts.out)
+    out = open_output(opts.out, opts.storage_options)
     if _prepare_out(out, fingerprint, opts.overwrite):
-        m = read_manifest(out)
-        return BuildSummary(out, m.records, len(m.shards), 0, len(m.shards), sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards), time.perf_counter() - t0, True)
-    write_json(out / BUILD_RECORD, {"fingerprint": fingerprint, "kind": source.kind, "records": opts.records, "records_per_shard": per_shard}, opts.sync)
+        m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
+        raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
+        return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True)
+    out.write_json(BUILD_RECORD, {"fingerprint": fingerprint, "kind": source.kind, "records": opts.records, "records_per_shard": per_shard}, opts.sync)
 
+    deep = isinstance(out, LocalOutput)
     done: dict[int, WrittenShard] = {}
     for spec in plan:
-        shard = read_valid_done(out, spec.name, fingerprint)
+        shard = read_valid_done(out, spec.name, fingerprint, deep=deep)
         if shard is not None:
             done[spec.index] = shard
-        else:
-            (out / done_name(spec.name)).unlink(missing_ok=True)
-    skipped = len(done)
     todo = [spec for spec in plan if spec.index not in done]
+    for spec in todo:
+        out.remove(done_name(spec.name))
+    skipped = len(done)
     bar = _progress(opts.records, unit, opts.progress)
     bar.update(sum(s.records for s in done.values()))
     built_raw = 0
     try:
-        for shard in _run_parallel(_build_shard, todo, opts, (source, opts.seed, out, opts.codec, fingerprint, opts.sync)):
-            done[plan[_index_of(shard)].index] = shard
+        args = (source, opts.seed, out, opts.codec, fingerprint, opts.sync)
+        for shard in run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address):
+            done[_index_of(shard)] = shard
             built_raw += shard.raw_bytes
             bar.update(shard.records)
             bar.set_postfix_str(f"{built_raw / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.0f} MB/s", refresh=False)
@@ -216,28 +219,27 @@ def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records")
         bar.close()
     shards = [done[spec.index] for spec in plan]
     _write_final_manifest(source, opts, out, shards, fingerprint, per_shard)
-    (out / BUILD_RECORD).unlink(missing_ok=True)
-    return BuildSummary(
-        out,
-        opts.records,
-        len(plan),
-        len(todo),
-        skipped,
-        sum(s.raw_bytes for s in shards),
-        sum(s.bytes for s in shards),
-        time.perf_counter() - t0,
-    )
+    out.remove(BUILD_RECORD)
+    raw, stored = sum(s.raw_bytes for s in shards), sum(s.bytes for s in shards)
+    return BuildSummary(out.location, opts.records, len(plan), len(todo), skipped, raw, stored, time.perf_counter() - t0)
 
 
 def _index_of(shard: WrittenShard) -> int:
     return int(shard.name.removeprefix("shard-").removesuffix(".tar"))
 
 
-def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Path, shards: list[WrittenShard], fingerprint: str, per_shard: int) -> None:
+def _load_index(out: Output, name: str) -> np.ndarray:
+    index = np.load(io.BytesIO(out.read_bytes(name)), allow_pickle=False)
+    if index.dtype != INDEX_DTYPE:
+        raise OutputError(f"index {out.location}/{name} has an unexpected layout")
+    return index
+
+
+def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output, shards: list[WrittenShard], fingerprint: str, per_shard: int) -> None:
     from cachebuild import __version__
 
     fields = list(source.fields())
-    indexes = [load_index(out / index_name(s.name), len(fields)) for s in shards]
+    indexes = [_load_index(out, s.index) for s in shards]
     manifest = Manifest(
         kind=source.kind,
         config=source.config_dict(),
@@ -248,4 +250,4 @@ def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Path, s
         build={"fingerprint": fingerprint, "records_per_shard": per_shard, "block_records": BLOCK_RECORDS},
         created_by=f"cachebuild {__version__}",
     )
-    write_manifest(out, manifest)
+    out.write_bytes(MANIFEST_NAME, manifest.to_json())

@@ -46,25 +46,27 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def write_done(folder: Path, shard: WrittenShard, fingerprint: str, sync: bool = True) -> None:
-    write_json(folder / done_name(shard.name), {"fingerprint": fingerprint, "shard": shard.to_dict()}, sync=sync)
+def write_done(output: Any, shard: WrittenShard, fingerprint: str, sync: bool = True) -> None:
+    """Mark ``shard`` complete (the last file written for it)."""
+    output.write_json(done_name(shard.name), {"fingerprint": fingerprint, "shard": shard.to_dict()}, sync=sync)
 
 
-def read_valid_done(folder: Path, name: str, fingerprint: str) -> WrittenShard | None:
-    """The shard's record if it is complete and verifies, else None (so it is rebuilt)."""
-    doc = read_json(folder / done_name(name))
+def read_valid_done(output: Any, name: str, fingerprint: str, deep: bool = True) -> WrittenShard | None:
+    """The shard's record if it is complete and verifies, else None (so it is rebuilt).
+
+    ``deep`` re-hashes the tar and index (always for local outputs); remote
+    outputs are checked by size, since their checksums are verified on arrival
+    by every reader.
+    """
+    doc = output.read_json(done_name(name))
     if not doc or doc.get("fingerprint") != fingerprint:
         return None
     try:
         shard = WrittenShard(**doc["shard"])
     except (KeyError, TypeError):
         return None
-    tar, idx = folder / name, folder / index_name(name)
-    try:
-        if tar.stat().st_size != shard.bytes:
-            return None
-        if file_sha256(tar) != shard.sha256 or file_sha256(idx) != shard.index_sha256:
-            return None
-    except OSError:
+    if output.size(name) != shard.bytes or output.size(index_name(name)) is None:
+        return None
+    if deep and (output.sha256(name) != shard.sha256 or output.sha256(index_name(name)) != shard.index_sha256):
         return None
     return shard

@@ -1,0 +1,51 @@
+# cachebuild: every target creates/refreshes the virtualenv it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+CACHE  ?= cache/causal
+DST    ?=
+GRAPHS ?= 5000
+
+.PHONY: help venv demo test test-fast bench ramdisk-stage ramdisk-clean clean
+
+help:
+	@echo "make demo            venv + install + build a small causal cache ($(GRAPHS) graphs) + verify + inspect"
+	@echo "make test            venv + install + the test suite"
+	@echo "make bench           build/load benchmarks (appends to benchmarks/RESULTS.md)"
+	@echo "make ramdisk-stage   copy CACHE=$(CACHE) into /dev/shm/cachebuild/<name> and verify it"
+	@echo "make ramdisk-clean   remove the staged copy"
+
+# The stamp is rebuilt whenever pyproject.toml changes. torch is pinned first:
+# 2.13.0 has a local CPU wheel; any other version pulls GBs of CUDA packages.
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@command -v zstd >/dev/null || (command -v apt-get >/dev/null && (apt-get install -y -qq zstd >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq zstd >/dev/null 2>&1))) || echo "note: the zstd command is missing; its interop test will be skipped"
+	touch $@
+
+venv: $(BIN)/.installed
+
+demo: venv
+	$(BIN)/cachebuild generate --graphs $(GRAPHS) --out cache/demo
+	$(BIN)/cachebuild verify cache/demo
+	$(BIN)/cachebuild inspect cache/demo
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow and not dist"
+
+bench: venv
+	$(BIN)/python benchmarks/bench_build.py
+
+ramdisk-stage: venv
+	$(BIN)/cachebuild stage $(CACHE) $(DST)
+
+ramdisk-clean: venv
+	$(BIN)/cachebuild unstage $(if $(DST),$(DST),/dev/shm/cachebuild/$(notdir $(CACHE)))
+
+clean:
+	rm -rf cache/demo .pytest_cache
