@@ -23,7 +23,7 @@ class Codec:
     """
 
     name: str = "zstd"
-    level: int = 3
+    level: int = 1
 
     @property
     def suffix(self) -> str:
@@ -51,7 +51,7 @@ def parse_codec(name: str | dict | Codec, level: int | None = None) -> Codec:
         raise ConfigError.bad_value("codec", name, f"must be one of {', '.join(CODEC_NAMES)}")
     if name == "none":
         return Codec("none", 0)
-    lvl = 3 if level is None else level
+    lvl = 1 if level is None else level
     if not isinstance(lvl, int) or isinstance(lvl, bool) or not -7 <= lvl <= 22:
         raise ConfigError.bad_value("codec.level", lvl, "must be an integer from -7 to 22")
     return Codec("zstd", lvl)

@@ -17,6 +17,11 @@ def _header(dtype_str: str, shape: tuple[int, ...]) -> bytes:
     return buf.getvalue()
 
 
+@lru_cache(maxsize=256)
+def _descr(dtype: np.dtype) -> str:
+    return np.lib.format.dtype_to_descr(dtype)
+
+
 def npy_header(arr: np.ndarray) -> bytes:
     """The exact ``.npy`` v1.0 header numpy writes for a C-contiguous ``arr``."""
-    return _header(np.lib.format.dtype_to_descr(arr.dtype), tuple(int(s) for s in arr.shape))
+    return _header(_descr(arr.dtype), arr.shape)

@@ -17,12 +17,14 @@ from cachebuild.format.atomic import fsync_dir, output_error, tmp_name
 from cachebuild.format.codec import Codec
 from cachebuild.format.index import INDEX_DTYPE, MAX_NDIM, index_bytes
 from cachebuild.format.npy import npy_header
-from cachebuild.format.tarball import END_OF_ARCHIVE, padding, tar_header
+from cachebuild.format.tarball import END_OF_ARCHIVE, tar_header
 
 __all__ = ["ShardWriter", "WrittenShard", "record_key", "member_name", "JSON_DTYPE", "index_name"]
 
 JSON_DTYPE = "json"
 _FLUSH_BYTES = 8 << 20
+_ONES = (1,) * MAX_NDIM
+_ZEROS = bytes(512)
 
 
 def record_key(record_id: int) -> str:
@@ -78,7 +80,8 @@ class ShardWriter:
         self._final = self.folder / name
         self._tmp = tmp_name(self._final)
         self._sha = hashlib.sha256()
-        self._rows: list[np.ndarray] = []
+        self._rows: list[tuple] = []
+        self._count = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._pos = 0
@@ -90,7 +93,7 @@ class ShardWriter:
 
     @property
     def records(self) -> int:
-        return len(self._rows)
+        return self._count
 
     def add(self, record: Mapping[str, Any]) -> None:
         """Append one record (a dict of numpy arrays, and a JSON-able dict for JSON fields)."""
@@ -98,37 +101,34 @@ class ShardWriter:
             extra = sorted(set(record) - {f for f, _ in self.fields})
             missing = sorted({f for f, _ in self.fields} - set(record))
             raise ValueError(f"record fields do not match the schema: missing {missing}, unexpected {extra}")
-        key = record_key(self.first_record + len(self._rows))
-        row = np.zeros(len(self.fields), dtype=INDEX_DTYPE)
-        for j, (field, dtype) in enumerate(self.fields):
+        key = record_key(self.first_record + self._count)
+        rows = self._rows
+        for field, dtype in self.fields:
             value = record[field]
             if dtype == JSON_DTYPE:
-                data = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-                raw, nbytes, shape = data, len(data), ()
+                raw = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+                nbytes, shape = len(raw), ()
             else:
                 arr = value
-                if not isinstance(arr, np.ndarray) or arr.dtype != np.dtype(dtype):
-                    got = getattr(arr, "dtype", type(arr).__name__)
-                    raise ValueError(f"field '{field}' of record {key}: expected {dtype} array, got {got}")
+                if arr.dtype != dtype:
+                    raise ValueError(f"field '{field}' of record {key}: expected {dtype} array, got {arr.dtype}")
                 if arr.ndim > MAX_NDIM:
                     raise ValueError(f"field '{field}' of record {key}: {arr.ndim} dims > {MAX_NDIM}")
                 if not arr.flags.c_contiguous:
                     arr = arr.copy(order="C")  # (ascontiguousarray would turn 0-d into 1-d)
-                raw = npy_header(arr) + arr.tobytes()
-                nbytes, shape = arr.nbytes, arr.shape
+                shape = arr.shape
+                nbytes = arr.nbytes
+                raw = b"".join((npy_header(arr), arr.data))
             payload = raw if self._cctx is None else self._cctx.compress(raw)
-            name = member_name(key, field, dtype, self.codec)
-            self._emit(tar_header(name, len(payload)))
-            row[j]["offset"] = self._pos
-            row[j]["size"] = len(payload)
-            row[j]["nbytes"] = nbytes
-            row[j]["crc32"] = zlib.crc32(payload) if self._cctx is None else 0
-            row[j]["ndim"] = len(shape)
-            row[j]["shape"] = tuple(shape) + (1,) * (MAX_NDIM - len(shape))
+            size = len(payload)
+            self._emit(tar_header(member_name(key, field, dtype, self.codec), size))
+            rows.append((self._pos, size, nbytes, zlib.crc32(payload) if self._cctx is None else 0, len(shape), shape + _ONES[len(shape) :]))
             self._emit(payload)
-            self._emit(padding(len(payload)))
+            pad = (-size) % 512
+            if pad:
+                self._emit(_ZEROS[:pad])
             self._raw_bytes += len(raw)
-        self._rows.append(row)
+        self._count += 1
 
     def _emit(self, chunk: bytes) -> None:
         if not chunk:
@@ -153,7 +153,7 @@ class ShardWriter:
         """Finish the tar, write the index, sync both and rename them into place."""
         self._emit(END_OF_ARCHIVE)
         self._flush()
-        index = np.stack(self._rows) if self._rows else np.zeros((0, len(self.fields)), INDEX_DTYPE)
+        index = np.array(self._rows, dtype=INDEX_DTYPE).reshape(self._count, len(self.fields))
         idx_data = index_bytes(index)
         idx_final = self.folder / index_name(self.name)
         idx_tmp = tmp_name(idx_final)
@@ -178,7 +178,7 @@ class ShardWriter:
             name=self.name,
             index=idx_final.name,
             first_record=self.first_record,
-            records=len(self._rows),
+            records=self._count,
             bytes=self._pos,
             sha256=self._sha.hexdigest(),
             index_sha256=hashlib.sha256(idx_data).hexdigest(),
