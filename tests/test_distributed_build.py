@@ -91,3 +91,11 @@ def test_build_into_s3_matches_local_build_and_resumes(s3_server, tmp_path, toy_
     fs.invalidate_cache()
     fs.get_file("cachebuild-test/toy/shard-00002.tar", str(tmp_path / "s2.tar"))
     assert file_sha256(tmp_path / "s2.tar") == local["shard-00002.tar"]
+
+
+@pytest.mark.timeout(300)
+def test_ray_local_builds_same_bytes(tmp_path, toy_cache):
+    pytest.importorskip("ray")
+    summary = build_toy(tmp_path / "r", workers=2, backend="ray")
+    assert summary.built == summary.shards
+    assert _hashes(tmp_path / "r") == _hashes(toy_cache)

@@ -74,8 +74,9 @@ def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend:
         with _dask_client(address, n) as client, parallel_config(backend="dask", client=client):
             yield from Parallel(n_jobs=-1, return_as="generator_unordered")(jobs)
     elif backend == "ray":
+        # Ray's joblib backend cannot stream results: they arrive when all are done.
         with _ray_session(address), parallel_config(backend="ray", n_jobs=n):
-            yield from Parallel(return_as="generator_unordered")(jobs)
+            yield from Parallel(return_as="list")(jobs)
     else:
         with parallel_config(backend=backend, n_jobs=n):
             yield from Parallel(return_as="generator_unordered")(jobs)
