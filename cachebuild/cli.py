@@ -98,6 +98,47 @@ def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, fa
 
 
 @main.command()
+@click.option("--from-h5", "from_h5", type=click.Path(path_type=Path, dir_okay=False), default=None, help="HDF5 file in the users' layout (labels, segments_mel and/or segments_waveform, label2id_json).")
+@click.option("--from-wav", "from_wav", type=click.Path(path_type=Path, file_okay=False), default=None, help="Folder of WAV files in label subfolders (LEAK/, NOLEAK/, ...).")
+@click.option("--synthetic", type=int, default=None, metavar="N", help="N synthetic leak / no-leak clips (try the pipeline with no data).")
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("cache/mel"), show_default=True, help="Cache folder (or fsspec URL).")
+@click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None, help="TOML recipe (see configs/mel-leak.toml; built-in defaults are the same values).")
+@click.option("--seed", type=int, default=None, help="Seed (synthetic clip i depends only on (seed, i)) [default: 0].")
+@_workers_option
+@click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec [default: zstd].")
+@click.option("--level", type=int, default=None, help="zstd level [default: 1].")
+@click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
+@click.option("--h5-dataset", "h5_datasets", multiple=True, metavar="ROLE=NAME", help="Rename an HDF5 dataset: labels=..., mel=..., waveform=... (repeatable).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set n_mels=128 (repeatable).")
+@click.option("--backend", type=click.Choice(["loky", "dask", "ray"]), default="loky", show_default=True, help="joblib backend that runs the shards.")
+@click.option("--scheduler", "--address", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
+@click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_friendly
+def mel(from_h5, from_wav, synthetic, out, config_path, seed, workers, codec, level, shard_mb, h5_datasets, overrides, backend, address, overwrite, quiet) -> None:
+    """Build a cache of log-mel segments, one record per audio file.
+
+    Exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N. Each
+    record holds the label, mel segments [num_long, num_short, n_mels, t]
+    (float16), optionally the waveform segments, and the file's id, path and mel
+    parameters. Parallel, deterministic and resumable like `generate`.
+    """
+    from cachebuild.errors import ConfigError
+    from cachebuild.jobs import run_mel_build
+
+    datasets = {}
+    for item in h5_datasets:
+        role, sep, name = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--h5-dataset {item!r} is not of the form ROLE=NAME (roles: labels, mel, waveform)")
+        datasets[role.strip()] = name.strip()
+    values = {"seed": seed, "build.codec": codec, "build.level": level, "build.shard_mb": shard_mb}
+    summary = run_mel_build(config_path, overrides, values, out, from_h5, from_wav, synthetic, datasets or None, workers, backend, address, overwrite, not quiet)
+    for line in summary.lines("files"):
+        click.echo(line)
+
+
+@main.command()
 @click.argument("cache", type=click.Path(path_type=Path))
 @click.option("--no-decode", is_flag=True, help="Only check sizes and checksums, do not decode every record.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")

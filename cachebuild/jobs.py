@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping
 from cachebuild.build import BuildOptions, BuildSummary, build_cache
 from cachebuild.recipes import load_recipe
 
-__all__ = ["run_causal_build", "DEFAULT_GRAPHS"]
+__all__ = ["run_causal_build", "run_mel_build", "DEFAULT_GRAPHS"]
 
 DEFAULT_GRAPHS = 10_000
 
@@ -43,3 +43,54 @@ def run_causal_build(
         progress=progress,
     )
     return build_cache(CausalSource(cfg), opts, unit="graphs")
+
+
+def run_mel_build(
+    config_path: str | Path | None,
+    overrides: Iterable[str],
+    values: Mapping[str, Any],
+    out: str | Path,
+    from_h5: str | Path | None = None,
+    from_wav: str | Path | None = None,
+    synthetic: int | None = None,
+    h5_datasets: Mapping[str, str] | None = None,
+    workers: int | None = None,
+    backend: str = "loky",
+    address: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> BuildSummary:
+    """Build a mel cache (one record per audio file) from exactly one source."""
+    from cachebuild.build.mel_source import MelBuildSource
+    from cachebuild.errors import ConfigError
+    from cachebuild.mel.config import parse_mel_config
+    from cachebuild.mel.sources import H5Source, SyntheticSource, WavFolderSource
+
+    given = [name for name, v in (("--from-h5", from_h5), ("--from-wav", from_wav), ("--synthetic", synthetic)) if v is not None]
+    if len(given) != 1:
+        raise ConfigError(f"give exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N (got {', '.join(given) or 'none'})")
+    recipe = load_recipe(config_path, overrides, values, count_key="files")
+    cfg = parse_mel_config(recipe.table)
+    if from_h5 is not None:
+        source = H5Source(from_h5, cfg, dict(h5_datasets) if h5_datasets else None)
+    elif from_wav is not None:
+        source = WavFolderSource(from_wav, cfg)
+    else:
+        if synthetic < 1:
+            raise ConfigError.bad_value("synthetic", synthetic, "must be a number of files >= 1")
+        source = SyntheticSource(synthetic, cfg, recipe.seed)
+    if len(source) == 0:
+        raise ConfigError(f"the source has no usable audio files: {source.describe().get('path')}")
+    opts = BuildOptions(
+        out=out,
+        records=len(source),
+        seed=recipe.seed,
+        codec=recipe.codec,
+        shard_bytes=recipe.shard_bytes,
+        workers=workers or recipe.workers,
+        backend=backend,
+        address=address,
+        overwrite=overwrite,
+        progress=progress,
+    )
+    return build_cache(MelBuildSource(cfg, source), opts, unit="files")

@@ -59,5 +59,5 @@ def load_recipe(path: str | Path | None, overrides: Iterable[str] = (), values: 
     if workers is not None:
         workers = _int("build.workers", workers, 1)
     codec = parse_codec(build.get("codec", "zstd"), build.get("level"))
-    table = {k: v for k, v in doc.items() if k not in ("build",)}
+    table = {k: v for k, v in doc.items() if k not in ("build", count_key)}
     return Recipe(table, seed, count, codec, int(shard_mb * (1 << 20)), workers)

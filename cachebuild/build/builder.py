@@ -96,6 +96,18 @@ class BuildSummary:
         ]
 
 
+MIN_SHARDS = 16
+
+
+def records_per_shard(total: int, shard_bytes: int, record_bytes: int) -> int:
+    """Records per shard: about ``shard_bytes`` raw, but cut smaller (down to one
+    block) so mid-size caches still have ~16 shards for parallel builds and
+    shuffling. Depends on the plan only, never on the worker count."""
+    by_size = max(1, shard_bytes // max(1, record_bytes))
+    by_count = max(BLOCK_RECORDS, -(-total // MIN_SHARDS))
+    return max(1, min(by_size, by_count))
+
+
 def _fingerprint(source: RecordSource, opts: BuildOptions, per_shard: int) -> str:
     doc = {
         "version": FORMAT_VERSION,
@@ -185,7 +197,7 @@ def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records")
     """Build (or finish, or confirm) the cache described by ``source`` and ``opts``."""
     opts.validate()
     t0 = time.perf_counter()
-    per_shard = max(1, opts.shard_bytes // max(1, source.estimated_record_bytes()))
+    per_shard = records_per_shard(opts.records, opts.shard_bytes, source.estimated_record_bytes())
     plan = plan_shards(opts.records, per_shard)
     fingerprint = _fingerprint(source, opts, per_shard)
     out = open_output(opts.out, opts.storage_options)
