@@ -44,8 +44,11 @@ bench: venv
 ramdisk-stage: venv
 	$(BIN)/cachebuild stage $(CACHE) $(DST)
 
+# where ramdisk-stage puts CACHE when DST is not given (same rule as cachebuild.stage.default_dst)
+STAGED = $(if $(DST),$(DST),/dev/shm/cachebuild/$(notdir $(abspath $(CACHE))))
+
 ramdisk-clean: venv
-	$(BIN)/cachebuild unstage $(if $(DST),$(DST),/dev/shm/cachebuild/$(notdir $(CACHE)))
+	$(BIN)/cachebuild unstage $(STAGED)
 
 clean:
 	rm -rf cache/demo .pytest_cache

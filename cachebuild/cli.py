@@ -172,5 +172,14 @@ def inspect(cache: Path, record: int) -> None:
         click.echo(line)
 
 
+def _register_extra_commands() -> None:
+    from cachebuild.stage_cli import stage_command, unstage_command
+
+    main.add_command(stage_command)
+    main.add_command(unstage_command)
+
+
+_register_extra_commands()
+
 if __name__ == "__main__":  # pragma: no cover
     main()

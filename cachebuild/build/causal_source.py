@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from cachebuild.build.plan import BLOCK_RECORDS, block_rng
+from cachebuild.build.plan import block_rng
 from cachebuild.causal import CAUSAL_FIELDS, CausalConfig, generate_graphs
 
-__all__ = ["CausalSource"]
+__all__ = ["CausalSource", "CAUSAL_BLOCK"]
+
+# Graphs per generator call: the vectorised generator amortises its per-call
+# set-up over about a thousand graphs. Part of the determinism contract.
+CAUSAL_BLOCK = 2048
 
 
 @dataclass(frozen=True)
@@ -29,5 +33,5 @@ class CausalSource:
         return int(self.cfg.estimated_record_bytes())
 
     def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
-        for b, a in enumerate(range(start, stop, BLOCK_RECORDS)):
-            yield generate_graphs(self.cfg, block_rng(seed, shard, b), min(BLOCK_RECORDS, stop - a))
+        for b, a in enumerate(range(start, stop, CAUSAL_BLOCK)):
+            yield generate_graphs(self.cfg, block_rng(seed, shard, b), min(CAUSAL_BLOCK, stop - a))
