@@ -1,0 +1,126 @@
+"""The command line as a user meets it: builds, reruns, refusals, bad input, kill -9 and resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cachebuild.build.markers import file_sha256
+from cachebuild.cli import main
+from cachebuild.format import read_manifest
+from cachebuild.verify import verify_cache
+
+CLI = [sys.executable, "-m", "cachebuild.cli"]
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {p.name: file_sha256(p) for p in sorted(root.iterdir())}
+
+
+def _run(args: list[str]):
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def small_cache(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "c"
+    r = _run(["generate", "--graphs", "600", "--out", str(out), "--shard-mb", "4", "--workers", "1", "-q"])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_generate_prints_summary_and_verifies(small_cache):
+    m = read_manifest(small_cache)
+    assert m.records == 600 and len(m.shards) >= 2 and m.kind == "causal"
+    r = _run(["verify", str(small_cache), "-q"])
+    assert r.exit_code == 0 and "600 records decoded" in r.output
+    r = _run(["inspect", str(small_cache)])
+    assert r.exit_code == 0 and "delta" in r.output and "ratio" in r.output
+
+
+def test_same_bytes_with_two_workers(small_cache, tmp_path):
+    r = _run(["generate", "--graphs", "600", "--out", str(tmp_path / "w2"), "--shard-mb", "4", "--workers", "2", "-q"])
+    assert r.exit_code == 0, r.output
+    assert _hashes(tmp_path / "w2") == _hashes(small_cache)
+
+
+def test_rerun_and_refusal(small_cache):
+    r = _run(["generate", "--graphs", "600", "--out", str(small_cache), "--shard-mb", "4", "-q"])
+    assert r.exit_code == 0 and "nothing to do" in r.output
+    r = CliRunner().invoke(main, ["generate", "--graphs", "600", "--out", str(small_cache), "--shard-mb", "4", "--seed", "9", "-q"])
+    assert r.exit_code == 4 and "--overwrite" in r.output and "Traceback" not in r.output
+    assert verify_cache(small_cache).ok
+
+
+@pytest.mark.parametrize(
+    "args, needle, code",
+    [
+        (["--graphs", "0"], "graphs", 2),
+        (["--graphs", "-5"], "graphs", 2),
+        (["--edge-prob", "1.5"], "graph.edge_prob", 2),
+        (["--mechanism", "quantum"], "mechanism.kind", 2),
+        (["--noise", "pink"], "noise.kind", 2),
+        (["--set", "graph.n_min=0"], "graph.n_min", 2),
+        (["--set", "graph.colour=3"], "graph.colour", 2),
+        (["--config", "/nonexistent/recipe.toml"], "does not exist", 2),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(tmp_path, args, needle, code):
+    r = CliRunner().invoke(main, ["generate", "--out", str(tmp_path / "c"), "-q", *args])
+    assert r.exit_code == code, r.output
+    assert needle in r.output and "Traceback" not in r.output
+    assert len([line for line in r.output.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_malformed_config_and_file_as_out(tmp_path, small_cache):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[graph\nn_min = 3")
+    r = CliRunner().invoke(main, ["generate", "--config", str(bad), "--out", str(tmp_path / "c")])
+    assert r.exit_code == 2 and "not valid TOML" in r.output and str(bad) in r.output
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = CliRunner().invoke(main, ["generate", "--graphs", "10", "--out", str(f), "-q"])
+    assert r.exit_code == 5 and "not a folder" in r.output
+
+
+def test_config_file_and_flags(tmp_path):
+    r = _run(["generate", "--config", "configs/causal-linear.toml", "--graphs", "50", "--out", str(tmp_path / "lin"), "--seed", "4", "-q"])
+    assert r.exit_code == 0, r.output
+    m = read_manifest(tmp_path / "lin")
+    assert m.seed == 4 and m.config["mechanism"]["kind"] == "linear" and m.records == 50
+
+
+def test_default_recipe_file_equals_builtin_defaults():
+    from cachebuild.causal import parse_causal_config
+    from cachebuild.recipes import load_recipe
+
+    recipe = load_recipe("configs/causal-default.toml")
+    assert parse_causal_config(recipe.table) == parse_causal_config({})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigkill_mid_build_then_resume_is_byte_identical(tmp_path):
+    args = ["generate", "--graphs", "12000", "--shard-mb", "24", "--workers", "2", "-q"]
+    ref = tmp_path / "ref"
+    subprocess.run([*CLI, *args, "--out", str(ref)], check=True, capture_output=True)
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([*CLI, *args, "--out", str(out)], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob("*.done.json")):
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its worker processes, mid-build
+    proc.wait()
+    done_before = len(list(out.glob("*.done.json")))
+    assert not (out / "manifest.json").exists() and done_before < len(list(ref.glob("*.tar")))
+    r = subprocess.run([*CLI, *args, "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert f"{done_before} already done" in r.stdout or done_before == 0
+    assert _hashes(out) == _hashes(ref)
