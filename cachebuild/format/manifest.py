@@ -62,6 +62,7 @@ class ShardEntry:
     sha256: str
     index_sha256: str
     raw_bytes: int = 0
+    index_bytes: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

@@ -56,6 +56,7 @@ class WrittenShard:
     sha256: str
     index_sha256: str
     raw_bytes: int
+    index_bytes: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -183,6 +184,7 @@ class ShardWriter:
             sha256=self._sha.hexdigest(),
             index_sha256=hashlib.sha256(idx_data).hexdigest(),
             raw_bytes=self._raw_bytes,
+            index_bytes=len(idx_data),
         )
 
     def abort(self) -> None:
