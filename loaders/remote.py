@@ -27,10 +27,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator, TypeVar
 
 from cachebuild.errors import RemoteError, ShardCorruptError
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
+
+T = TypeVar("T")
 
 __all__ = ["is_remote", "RemoteOptions", "fetch_manifest", "LocalShardCache", "ShardFetcher"]
 
@@ -198,6 +200,7 @@ class ShardFetcher:
         self._pending: dict[str, Future] = {}
         self._guard = threading.Lock()
         self._wanted: list[int] = []
+        self._pos = 0
 
     def _download(self, name: str, size: int, sha256: str, keep: set[str]) -> Path:
         hit = self.cache.lookup(name, size)
@@ -244,8 +247,9 @@ class ShardFetcher:
         return len(index_bytes(np.zeros((e.records, len(self.manifest.fields)), INDEX_DTYPE)))
 
     def _keep_names(self) -> set[str]:
+        """The shard in use and the next ones to be used: never evicted by this process."""
         names: set[str] = set()
-        for j in self._wanted[: self.opts.prefetch + 1]:
+        for j in self._wanted[self._pos : self._pos + self.opts.prefetch + 1]:
             e = self.manifest.shards[j]
             names |= {e.name, e.index}
         return names
@@ -264,14 +268,15 @@ class ShardFetcher:
     def plan(self, shard_order: list[int]) -> None:
         """Tell the fetcher which shards will be needed, in order (starts prefetching)."""
         self._wanted = list(shard_order)
+        self._pos = 0
         for i in self._wanted[: self.opts.prefetch]:
             self._submit(i)
 
     def get(self, i: int) -> tuple[Path, Path]:
         """Local (tar, index) paths of shard ``i``, downloading it if needed; prefetches the next ones."""
         if i in self._wanted:
-            pos = self._wanted.index(i)
-            for j in self._wanted[pos + 1 : pos + 1 + self.opts.prefetch]:
+            self._pos = self._wanted.index(i, self._pos) if i in self._wanted[self._pos :] else self._wanted.index(i)
+            for j in self._wanted[self._pos + 1 : self._pos + 1 + self.opts.prefetch]:
                 self._submit(j)
         fut = self._submit(i)
         try:
@@ -279,6 +284,18 @@ class ShardFetcher:
         finally:
             with self._guard:
                 self._pending.pop(self.manifest.shards[i].name, None)
+
+    def open(self, i: int, opener: Callable[[Path, Path], T]) -> T:
+        """``opener(tar, index)`` on shard ``i``'s local files; if another process
+        evicted them between fetch and open, fetch again (an open mmap is safe)."""
+        for attempt in range(3):
+            tar, idx = self.get(i)
+            try:
+                return opener(tar, idx)
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self._pool is not None:

@@ -39,8 +39,7 @@ def test_fetch_all_shards_within_limit(toy_cache, tmp_path):
         fields = [(x.name, x.dtype) for x in m.fields]
         seen = 0
         for i, e in enumerate(m.shards):
-            tar, idx = f.get(i)
-            with ShardReader(tar, idx, fields, m.codec, e.first_record, e.bytes) as r:
+            with f.open(i, lambda tar, idx: ShardReader(tar, idx, fields, m.codec, e.first_record, e.bytes)) as r:
                 assert int(r.read(0, "ident")) == e.first_record
                 seen += len(r)
         stop.set()
