@@ -68,7 +68,7 @@ def _workers_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--noise", type=str, default=None, help="normal, laplace, gumbel, cauchy, uniform or mixed (noise.kind).")
 @click.option("--samples", type=int, default=None, help="Rows per world: base and each intervention (samples.base).")
 @click.option("--twin/--no-twin", default=None, help="Intervened rows share the base rows' noise (default) or draw fresh noise.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set interventions.prob=0.3 (repeatable).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set interventions.intervention_prob=0.3 (repeatable).")
 @click.option("--backend", type=click.Choice(["loky", "dask", "ray"]), default="loky", show_default=True, help="joblib backend that runs the shards.")
 @click.option("--scheduler", type=str, default=None, help="Dask scheduler address (with --backend dask; default: a local cluster).")
 @click.option("--address", type=str, default=None, help="Ray cluster address (with --backend ray; default: a local Ray).")
