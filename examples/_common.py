@@ -1,0 +1,32 @@
+"""Shared bits of the example trainers: device choice, monitor summary printing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))  # the users' own pipeline lives there (for --baseline)
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto``: CUDA when present, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def print_summary(title: str, summary, extra: dict | None = None) -> dict:
+    """Print the stall monitor's epoch summary as aligned lines; return it as a dict."""
+    d = summary.to_dict()
+    d.update(extra or {})
+    print(f"== {title}")
+    for key in ("steps", "samples", "wall_s", "first_batch_s", "wait_fraction", "wait_p50_ms", "wait_p95_ms", "batches_per_s", "samples_per_s", "gpu_util_mean", "cpu_percent", "ram_used_gb"):
+        if key in d and d[key] is not None:
+            v = d[key]
+            print(f"   {key:<16} {v:.4g}" if isinstance(v, float) else f"   {key:<16} {v}")
+    for k, v in (extra or {}).items():
+        print(f"   {k:<16} {v:.4g}" if isinstance(v, float) else f"   {k:<16} {v}")
+    return d
