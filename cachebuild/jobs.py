@@ -12,6 +12,10 @@ __all__ = ["run_causal_build", "run_mel_build", "DEFAULT_GRAPHS"]
 
 DEFAULT_GRAPHS = 10_000
 
+# Mel float16 compresses ~1.3x, tar framing eats most of that, and zstd halves the
+# loader's segments/s per core (benchmarks/RESULTS.md, bench_mel): raw by default.
+MEL_DEFAULT_CODEC = "none"
+
 
 def run_causal_build(
     config_path: str | Path | None,
@@ -69,7 +73,7 @@ def run_mel_build(
     given = [name for name, v in (("--from-h5", from_h5), ("--from-wav", from_wav), ("--synthetic", synthetic)) if v is not None]
     if len(given) != 1:
         raise ConfigError(f"give exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N (got {', '.join(given) or 'none'})")
-    recipe = load_recipe(config_path, overrides, values, count_key="files")
+    recipe = load_recipe(config_path, overrides, values, count_key="files", default_codec=MEL_DEFAULT_CODEC)
     cfg = parse_mel_config(recipe.table)
     if from_h5 is not None:
         source = H5Source(from_h5, cfg, dict(h5_datasets) if h5_datasets else None)

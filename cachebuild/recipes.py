@@ -38,7 +38,13 @@ def _int(key: str, value: Any, minimum: int) -> int:
     return value
 
 
-def load_recipe(path: str | Path | None, overrides: Iterable[str] = (), values: Mapping[str, Any] | None = None, count_key: str = "graphs") -> Recipe:
+def load_recipe(
+    path: str | Path | None,
+    overrides: Iterable[str] = (),
+    values: Mapping[str, Any] | None = None,
+    count_key: str = "graphs",
+    default_codec: str = "zstd",
+) -> Recipe:
     """Read ``path`` (or start empty), apply overrides, split build keys from generator keys."""
     doc = load_toml(path) if path else {}
     doc = apply_overrides(doc, overrides, values)
@@ -58,6 +64,6 @@ def load_recipe(path: str | Path | None, overrides: Iterable[str] = (), values: 
     workers = build.get("workers")
     if workers is not None:
         workers = _int("build.workers", workers, 1)
-    codec = parse_codec(build.get("codec", "zstd"), build.get("level"))
+    codec = parse_codec(build.get("codec", default_codec), build.get("level"))
     table = {k: v for k, v in doc.items() if k not in ("build", count_key)}
     return Recipe(table, seed, count, codec, int(shard_mb * (1 << 20)), workers)
