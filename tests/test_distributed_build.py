@@ -65,6 +65,8 @@ def s3_server(monkeypatch):
 
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": url})
     fs.mkdir("cachebuild-test")
+    # explicit options: loky workers started by earlier tests do not see monkeypatched variables
+    fs.test_options = {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"}}
     yield fs
     proc.terminate()
     proc.wait(10)
@@ -73,7 +75,7 @@ def s3_server(monkeypatch):
 @pytest.mark.timeout(240)
 def test_build_into_s3_matches_local_build_and_resumes(s3_server, tmp_path, toy_cache):
     fs = s3_server
-    summary = build_toy("s3://cachebuild-test/toy", workers=2)
+    summary = build_toy("s3://cachebuild-test/toy", workers=2, storage_options=fs.test_options)
     assert summary.built == summary.shards
     fs.invalidate_cache()
     local = _hashes(toy_cache)
@@ -86,7 +88,7 @@ def test_build_into_s3_matches_local_build_and_resumes(s3_server, tmp_path, toy_
     fs.rm("cachebuild-test/toy/manifest.json")
     fs.rm("cachebuild-test/toy/shard-00002.tar")
     fs.invalidate_cache()
-    again = build_toy("s3://cachebuild-test/toy", workers=1)
+    again = build_toy("s3://cachebuild-test/toy", workers=1, storage_options=fs.test_options)
     assert again.built == 1 and again.skipped == summary.shards - 1
     fs.invalidate_cache()
     fs.get_file("cachebuild-test/toy/shard-00002.tar", str(tmp_path / "s2.tar"))

@@ -1,0 +1,211 @@
+"""Fixed-layout batches packed in one buffer.
+
+A view declares its batch once as a :class:`Layout` (key -> shape, dtype),
+fixed for the whole run (what ``torch.compile`` wants). Each batch is one
+``uint8`` buffer holding every key at a 64-byte aligned offset; keys are views
+into it. Why one buffer: a DataLoader worker hands a tensor to the main
+process as a shared-memory segment plus a file descriptor, at a fixed cost per
+tensor; one buffer per batch pays it once, is pinned in one call, and
+:func:`loaders.to_device` copies it to the GPU in one transfer. Inside a worker
+the buffer is one of the worker's reusable shared-memory slots
+(:mod:`loaders.slots`), so nothing is copied on the way out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+
+__all__ = ["Field", "Layout", "PackedBatch", "Batch", "torch_dtype"]
+
+_ALIGN = 64
+
+
+@lru_cache(maxsize=1024)
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+@lru_cache(maxsize=1024)
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-order strides in elements."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+@dataclass(frozen=True)
+class Field:
+    """One batch key: shape (batch axis first), numpy dtype name, and its fill before a view writes it.
+
+    ``fill`` is ``None`` when the view writes every element itself.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    fill: float | int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.shape, self.dtype)
+
+
+class Layout:
+    """Ordered batch keys with their byte offsets inside the batch buffer."""
+
+    def __init__(self, fields: Mapping[str, Field]):
+        self.fields = dict(fields)
+        self.offsets: dict[str, int] = {}
+        pos = 0
+        for name, f in self.fields.items():
+            self.offsets[name] = pos
+            pos += -(-f.nbytes // _ALIGN) * _ALIGN
+        self.nbytes = pos
+
+    def __repr__(self) -> str:
+        keys = ", ".join(f"{k}: {list(f.shape)} {f.dtype}" for k, f in self.fields.items())
+        return f"Layout({keys})"
+
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``key -> (shape, dtype)``, for documentation and checks."""
+        return {k: (f.shape, f.dtype) for k, f in self.fields.items()}
+
+    def allocate(self, shared: bool, slot: tuple[torch.Tensor, Any] | None = None) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+        """A buffer and writable numpy views of every key, pre-filled.
+
+        ``slot`` is a reused shared-memory buffer (a worker's slot, see
+        :mod:`loaders.slots`) to write into; else a new buffer, in shared
+        memory when ``shared``. A fresh shared-memory segment is already zero
+        (the kernel hands out zeroed pages), so zero fills are skipped there.
+        """
+        if slot is not None:
+            buf, zeroed = slot[0], False
+        else:
+            buf, zeroed = _new_buffer(self.nbytes, shared)
+        raw = buf.numpy()
+        arrays = {}
+        for name, f in self.fields.items():
+            off = self.offsets[name]
+            arr = raw[off : off + f.nbytes].view(f.dtype).reshape(f.shape)
+            if f.fill is not None and not (zeroed and f.fill == 0):
+                arr.fill(f.fill)
+            arrays[name] = arr
+        return buf, arrays
+
+    def spec(self) -> tuple[tuple[str, str, tuple[int, ...], int], ...]:
+        """Picklable description ``(key, dtype, shape, offset)`` carried with each packed batch."""
+        return tuple((k, f.dtype, f.shape, self.offsets[k]) for k, f in self.fields.items())
+
+
+def _new_buffer(nbytes: int, shared: bool) -> tuple[torch.Tensor, bool]:
+    """``(uint8 buffer, known to be zero)``."""
+    if shared:
+        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+        if new_shared is not None:  # straight in shared memory: no copy on the way out, zero pages
+            return torch.empty(0, dtype=torch.uint8).set_(new_shared(max(nbytes, 1)))[:nbytes], True
+        return torch.empty(nbytes, dtype=torch.uint8).share_memory_(), False
+    return torch.empty(nbytes, dtype=torch.uint8), False
+
+
+_TORCH_DTYPES = {np.dtype(k).name: v for k, v in {
+    "bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+    "int64": torch.int64, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
+    "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64,
+}.items()}
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a numpy dtype name."""
+    try:
+        return _TORCH_DTYPES[dtype]
+    except KeyError:
+        return _TORCH_DTYPES[np.dtype(dtype).name]
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """One plain memcpy on this thread (numpy): torch's intra-op thread pool turns a 1 MB copy
+    into milliseconds of waiting when the cores are busy with the workers."""
+    np.copyto(dst.numpy(), src.numpy())
+
+
+class Batch(dict):
+    """A batch as ``key -> tensor``, plus the packed buffer the tensors view (``packed``).
+
+    A plain ``dict`` for its users; :func:`loaders.to_device` uses ``packed``
+    to move the whole batch in one copy.
+    """
+
+    packed: "PackedBatch | None" = None
+
+
+class PackedBatch:
+    """A batch in transit: one ``uint8`` buffer and the layout of its keys.
+
+    Crosses the worker -> main process boundary as one shared-memory tensor
+    (or, for a batch in a worker's reusable slot, as a reference to the slot:
+    see :mod:`loaders.slots`). ``pin_memory()`` copies it into pinned memory in
+    one call (the DataLoader's pin thread calls it); :meth:`detach` into private
+    memory. Either frees the slot.
+    """
+
+    __slots__ = ("buffer", "spec", "lease")
+
+    def __init__(self, buffer: torch.Tensor, spec: tuple[tuple[str, str, tuple[int, ...], int], ...], lease: Any = None):
+        self.buffer = buffer
+        self.spec = spec
+        self.lease = lease
+
+    def __reduce__(self):
+        if self.lease is not None:
+            return self.lease.reduce(self.spec)
+        return (PackedBatch, (self.buffer, self.spec))
+
+    def detach(self) -> "PackedBatch":
+        """A batch that owns its memory: one in a slot is copied out, and the slot freed."""
+        if self.lease is None:
+            return self
+        own = torch.empty(self.buffer.shape, dtype=torch.uint8)
+        _copy(own, self.buffer)
+        self.lease.release()
+        return PackedBatch(own, self.spec)
+
+    def pin_memory(self, device: object = None) -> "PackedBatch":
+        if self.lease is None:
+            return PackedBatch(self.buffer.pin_memory(), self.spec)
+        pinned = torch.empty(self.buffer.shape, dtype=torch.uint8, pin_memory=True)
+        _copy(pinned, self.buffer)
+        self.lease.release()
+        return PackedBatch(pinned, self.spec)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "PackedBatch":
+        """The same batch on ``device`` (one copy of the whole buffer)."""
+        return PackedBatch(self.detach().buffer.to(device, non_blocking=non_blocking), self.spec)
+
+    def unpack(self) -> Batch:
+        """``key -> tensor`` views into the buffer (no copy; a batch in a slot is detached first)."""
+        if self.lease is not None:
+            return self.detach().unpack()
+        out = Batch()
+        buf = self.buffer
+        typed: dict[torch.dtype, torch.Tensor] = {}
+        for name, dtype, shape, off in self.spec:
+            td = torch_dtype(dtype)
+            t = typed.get(td)
+            if t is None:
+                t = typed[td] = buf.view(td)
+            out[name] = t.as_strided(shape, _strides(shape), t.storage_offset() + off // t.element_size())
+        out.packed = self
+        return out
+
+    def keys(self) -> Iterator[str]:
+        return (s[0] for s in self.spec)

@@ -1,0 +1,342 @@
+"""Decode many records' fields at once from memory-mapped shards, through the sidecar index.
+
+No tar parsing and no ``.npy`` header parsing: the index says where each
+member's payload lies, how long its array data is (``nbytes``) and its shape;
+the manifest says its dtype. For a block of record ids:
+
+* zstd: every wanted payload, as a zero-copy slice of the shard's mmap, goes
+  to one ``multi_decompress_to_buffer`` call (zstd checks each frame's content
+  checksum); the array data is the last ``nbytes`` of each decoded member;
+* raw: the array data is copied from the mmap into one staging buffer.
+
+Frames are ordered by (field, shape), so records of one shape sit at a uniform
+stride and each such run becomes one strided numpy view: padding into a batch
+is one array assignment per run (:meth:`FieldBlock.scatter`), not one per
+record. Faults raise :class:`ShardCorruptError` naming the shard, record and
+field. (:class:`ShardSet`, the open shards, lives in :mod:`loaders.shards`.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+import zstandard
+
+from cachebuild.errors import ShardCorruptError
+from cachebuild.format.index import MAX_NDIM
+from cachebuild.format.shard_writer import JSON_DTYPE
+from loaders.shards import VERIFY_MODES, ShardSet, check_shard_files
+
+__all__ = ["FieldBlock", "read_block", "ShardSet", "VERIFY_MODES", "check_shard_files"]
+
+_ALIGN = 8
+_ITEM_RE = re.compile(r"item (\d+)")
+_THREADED_MIN_BYTES = 2 << 20
+
+
+@dataclass
+class FieldBlock:
+    """One field of a block of records, decoded: per-record shapes and strided runs of data.
+
+    ``runs`` is a list of ``(rows, data)``: ``data[i]`` is the array of the
+    block's record ``rows[i]`` (all of one shape in a run). JSON fields carry
+    ``values`` (one dict per record) instead.
+    """
+
+    name: str
+    dtype: np.dtype | None
+    shapes: np.ndarray
+    runs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    values: list[Any] | None = None
+    keep: Any = None  # owner of the decoded bytes the runs view
+
+    def scatter(self, out: np.ndarray, dest: np.ndarray | None = None) -> None:
+        """Write record ``i`` into ``out[dest[i], :s0, :s1, ...]`` (its own shape; the rest is left as is).
+
+        ``out`` has a leading batch axis and at least the record's extent on
+        every other axis; numpy casts to ``out``'s dtype.
+        """
+        for rows, data in self.runs:
+            where = rows if dest is None else dest[rows]
+            out[(where,) + tuple(slice(0, int(n)) for n in data.shape[1:])] = data
+
+    def dense(self) -> np.ndarray:
+        """All records stacked, for a field whose shape is the same in every record of the block."""
+        if len(self.shapes) and (self.shapes != self.shapes[0]).any():
+            raise ValueError(f"field '{self.name}' varies in shape inside the block; scatter it into a padded array")
+        shape = tuple(int(n) for n in self.shapes[0]) if len(self.shapes) else ()
+        out = np.empty((len(self.shapes),) + shape, dtype=self.dtype)
+        self.scatter(out)
+        return out
+
+
+class _Memory:
+    """A read-only numpy view of one of zstd's output buffers that keeps the buffer alive.
+
+    zstd's ``BufferWithSegmentsCollection`` exposes each decoded member, not the
+    contiguous buffer behind a run of members; this exports that buffer
+    (address and size taken from its first member) with ``owner`` attached.
+    """
+
+    def __init__(self, addr: int, size: int, owner: Any):
+        self.__array_interface__ = {"data": (addr, True), "shape": (size,), "typestr": "|u1", "version": 3}
+        self.owner = owner
+
+
+@lru_cache(maxsize=64)
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides, acc = [], itemsize
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
+@dataclass
+class _Frames:
+    """Every wanted (record, field) payload of a block, in (field, shape) order."""
+
+    rec: np.ndarray  # row in the block
+    fld: np.ndarray  # position in the requested array-field list
+    group: np.ndarray  # (field, shape) group id, increasing along the frames
+    shard: np.ndarray
+    local: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    nbytes: np.ndarray
+    crc: np.ndarray
+    group_shape: list[tuple[int, ...]]
+
+
+def _gather_entries(shards: ShardSet, s: np.ndarray, local: np.ndarray, cols: list[int]) -> np.ndarray:
+    """Index entries ``[block records, len(cols)]`` of the block, one fancy index per shard touched."""
+    entries = None
+    order = np.argsort(s, kind="stable")
+    ss = s[order]
+    cuts = np.flatnonzero(np.diff(ss)) + 1
+    for rows in np.split(order, cuts):
+        if not rows.size:
+            continue
+        idx = shards.shard(int(s[rows[0]])).index
+        part = idx[local[rows]][:, cols]
+        if entries is None:
+            entries = np.empty((len(s), len(cols)), dtype=idx.dtype)
+        entries[rows] = part
+    if entries is None:
+        from cachebuild.format.index import INDEX_DTYPE
+
+        entries = np.empty((0, len(cols)), dtype=INDEX_DTYPE)
+    return entries
+
+
+def _field_meta(shards: "ShardSet", names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Per requested field: ndim, itemsize, max shape (padded with 1 to MAX_NDIM), radix multipliers; radix fits int64."""
+    hit = shards.meta_cache.get(names)
+    if hit is not None:
+        return hit
+    manifest = shards.manifest
+    nf = len(names)
+    ndim = np.zeros(nf, np.int64)
+    itemsize = np.zeros(nf, np.int64)
+    max_shape = np.ones((nf, MAX_NDIM), np.int64)
+    mult = np.zeros((nf, MAX_NDIM), np.int64)
+    fits = True
+    for f, name in enumerate(names):
+        schema = manifest.schema(name)
+        ndim[f], itemsize[f] = schema.ndim, np.dtype(schema.dtype).itemsize
+        max_shape[f, : schema.ndim] = schema.max_shape
+        acc = 1
+        for d in reversed(range(schema.ndim)):
+            mult[f, d] = acc
+            acc *= int(schema.max_shape[d]) + 1
+        fits &= acc < 2**40
+    out = shards.meta_cache[names] = (ndim, itemsize, max_shape, mult, bool(fits))
+    return out
+
+
+def _plan_frames(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, names: list[str], entries: np.ndarray) -> tuple[_Frames, list[np.ndarray]]:
+    """Order the frames by (field, shape) and check the index against the manifest's schema (all fields at once)."""
+    m, nf = entries.shape
+    ndim, itemsize, max_shape, mult, fits = _field_meta(shards, tuple(names))
+    shape = entries["shape"].astype(np.int64)  # [m, nf, MAX_NDIM], unused dims are 1
+    used = np.arange(MAX_NDIM)[None, :] < ndim[:, None]  # [nf, MAX_NDIM]
+    shape_used = np.where(used, shape, 1)
+    bad = (entries["ndim"] != ndim) | (entries["nbytes"] != shape_used.prod(axis=2) * itemsize)
+    bad |= ((shape_used > max_shape) | (shape_used < 0)).any(axis=2)
+    if shards.codec == "none":
+        bad |= entries["nbytes"] > entries["size"]
+    if bad.any():
+        i, f = (int(v[0]) for v in np.nonzero(bad))
+        e, schema = entries[i, f], shards.manifest.schema(names[f])
+        raise ShardCorruptError(
+            f"{shards.where(int(ids[i]), names[f])}: index entry (ndim {int(e['ndim'])}, shape {tuple(int(v) for v in e['shape'])}, "
+            f"{int(e['nbytes'])} bytes) disagrees with the manifest ({schema.dtype}, max shape {schema.max_shape}): corrupt index"
+        )
+    all_shapes = [shape[:, f, : ndim[f]] for f in range(nf)]
+    if fits:
+        keys = np.einsum("mfd,fd->fm", shape_used, mult)  # [nf, m], equal iff shapes equal
+    else:
+        keys = np.stack([np.unique(all_shapes[f], axis=0, return_inverse=True)[1].reshape(-1) for f in range(nf)])
+    # Frame t = (field t // m, block row t % m); sort by (field, shape), stable in block order.
+    span = int(keys.max()) + 1 if keys.size else 1
+    combined = (np.arange(nf, dtype=np.int64)[:, None] * span + keys).reshape(-1)
+    order = np.argsort(combined, kind="stable")
+    sk = combined[order]
+    new_group = np.ones(len(sk), bool)
+    new_group[1:] = sk[1:] != sk[:-1]
+    group = np.cumsum(new_group) - 1
+    fld, rec = np.divmod(order, m) if m else (order, order)
+    starts = np.flatnonzero(new_group)
+    group_shape = [tuple(row[: ndim[f]]) for f, row in zip(fld[starts].tolist(), shape[rec[starts], fld[starts]].tolist())]
+    flat = entries.T.reshape(-1)[order]
+    frames = _Frames(
+        rec=rec, fld=fld, group=group, shard=s[rec], local=local[rec],
+        offset=flat["offset"].astype(np.int64), size=flat["size"].astype(np.int64),
+        nbytes=flat["nbytes"].astype(np.int64), crc=flat["crc32"].astype(np.int64), group_shape=group_shape,
+    )
+    return frames, all_shapes
+
+
+def _corrupt(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, i: int, why: str) -> ShardCorruptError:
+    return ShardCorruptError(f"{shards.where(int(ids[fr.rec[i]]), names[fr.fld[i]])}: {why}")
+
+
+def _payloads(shards: ShardSet, fr: _Frames) -> list[memoryview]:
+    views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard)}
+    return [views[s][o : o + z] for s, o, z in zip(fr.shard.tolist(), fr.offset.tolist(), fr.size.tolist())]
+
+
+def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, threads: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, Any]:
+    """Decompress every frame in one call; return the output buffers and, per frame, buffer id and data offset."""
+    payloads = _payloads(shards, fr)
+    dctx = zstandard.ZstdDecompressor()
+    if threads > 1 and int(fr.size.sum()) < _THREADED_MIN_BYTES:
+        threads = 1  # starting threads costs more than a small block's decompression
+    try:
+        out = dctx.multi_decompress_to_buffer(payloads, threads=threads)
+    except zstandard.ZstdError as exc:
+        m = _ITEM_RE.search(str(exc))
+        i = int(m.group(1)) if m else _first_bad_frame(dctx, payloads)
+        raise _corrupt(shards, ids, names, fr, i, f"zstd: {exc}") from exc
+    n = len(payloads)
+    segs = [out[i] for i in range(n)]
+    offs = np.fromiter((sg.offset for sg in segs), np.int64, n)
+    lens = np.fromiter((len(sg) for sg in segs), np.int64, n)
+    short = np.flatnonzero(lens < fr.nbytes)
+    if short.size:
+        i = int(short[0])
+        raise _corrupt(shards, ids, names, fr, i, f"decoded {int(lens[i])} bytes < {int(fr.nbytes[i])} bytes of array data")
+    starts = np.flatnonzero(offs == 0)
+    buf_id = np.cumsum(offs == 0) - 1
+    buffers = []
+    ends = np.append(starts[1:], n)
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        size = int(offs[b - 1] + lens[b - 1])
+        addr = np.frombuffer(segs[a], np.uint8).ctypes.data
+        buffers.append(np.asarray(_Memory(addr, size, out)))
+    data_off = offs + lens - fr.nbytes
+    stride_ok = np.ones(n, bool)
+    if n > 1:
+        stride_ok[1:] = (offs[1:] == offs[:-1] + lens[:-1]) & (lens[1:] == lens[:-1])
+    return buffers, buf_id, data_off, (out, stride_ok)
+
+
+def _first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Sequence[memoryview]) -> int:
+    for i, p in enumerate(payloads):
+        try:
+            dctx.decompress(p)
+        except zstandard.ZstdError:
+            return i
+    return 0
+
+
+def _decode_raw(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, Any]:
+    """Copy every frame's array data into one staging buffer (aligned, so runs are uniformly strided)."""
+    padded = (fr.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    data_off = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64) if len(padded) else np.zeros(0, np.int64)
+    stage = np.empty(int(padded.sum()), np.uint8)
+    dst = memoryview(stage)
+    views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard)}
+    check = shards.verify == "crc"
+    for i, (s, o, z, nb, a) in enumerate(zip(fr.shard.tolist(), fr.offset.tolist(), fr.size.tolist(), fr.nbytes.tolist(), data_off.tolist())):
+        src = views[s][o : o + z]
+        if check and zlib.crc32(src) != int(fr.crc[i]):
+            raise _corrupt(shards, ids, names, fr, i, "crc32 mismatch (corrupt payload)")
+        dst[a : a + nb] = src[z - nb :]
+    stride_ok = np.ones(len(padded), bool)
+    if len(padded) > 1:
+        stride_ok[1:] = padded[1:] == padded[:-1]
+    return [stage], np.zeros(len(padded), np.int64), data_off, (stage, stride_ok)
+
+
+def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads: int = 1) -> dict[str, FieldBlock]:
+    """Decode ``fields`` of the records ``ids`` (global ids, any order, repeats allowed).
+
+    Returns one :class:`FieldBlock` per field; its row ``i`` is record ``ids[i]``.
+    ``threads`` is handed to zstd (1 inside DataLoader workers).
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    s, local = shards.locate(ids)
+    for name in fields:
+        if name not in shards.field_pos:
+            raise KeyError(f"field {name!r} not in cache {shards.root} (has: {', '.join(shards.field_pos)})")
+    json_names = [n for n in fields if shards.manifest.fields[shards.field_pos[n]].dtype == JSON_DTYPE]
+    # Widest dtypes first: every decoded member keeps the next one aligned for its dtype.
+    arr_names = sorted((n for n in fields if n not in json_names), key=lambda n: -np.dtype(shards.manifest.schema(n).dtype).itemsize)
+    out: dict[str, FieldBlock] = {}
+    if arr_names:
+        entries = _gather_entries(shards, s, local, [shards.field_pos[n] for n in arr_names])
+        fr, shapes = _plan_frames(shards, ids, s, local, arr_names, entries)
+        if shards.codec == "zstd":
+            buffers, buf_id, data_off, (keep, stride_ok) = _decode_zstd(shards, ids, arr_names, fr, threads)
+        else:
+            buffers, buf_id, data_off, (keep, stride_ok) = _decode_raw(shards, ids, arr_names, fr)
+        runs = _runs(fr, buf_id, stride_ok)
+        for f, name in enumerate(arr_names):
+            out[name] = FieldBlock(name, np.dtype(shards.manifest.schema(name).dtype), shapes[f], keep=keep)
+        for a, b in runs:
+            name = arr_names[int(fr.fld[a])]
+            blk = out[name]
+            shape = fr.group_shape[int(fr.group[a])]
+            stride = int(data_off[a + 1] - data_off[a]) if b - a > 1 else 0
+            data = np.ndarray((b - a,) + shape, dtype=blk.dtype, buffer=buffers[int(buf_id[a])], offset=int(data_off[a]),
+                              strides=(stride,) + _c_strides(shape, blk.dtype.itemsize))
+            blk.runs.append((fr.rec[a:b], data))
+    for name in json_names:
+        out[name] = _read_json(shards, ids, s, local, name)
+    return out
+
+
+def _runs(fr: _Frames, buf_id: np.ndarray, stride_ok: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal ranges of frames of one (field, shape) group in one buffer at a uniform stride."""
+    n = len(fr.rec)
+    if n == 0:
+        return []
+    brk = np.ones(n, bool)
+    if n > 1:
+        brk[1:] = (fr.group[1:] != fr.group[:-1]) | (buf_id[1:] != buf_id[:-1]) | ~stride_ok[1:]
+    starts = np.flatnonzero(brk)
+    return list(zip(starts.tolist(), np.append(starts[1:], n).tolist()))
+
+
+def _read_json(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, name: str) -> FieldBlock:
+    """JSON members, one Python decode per record (they are small metadata, off the hot path)."""
+    j = shards.field_pos[name]
+    dctx = zstandard.ZstdDecompressor() if shards.codec == "zstd" else None
+    values = []
+    for rid, sh, loc in zip(ids.tolist(), s.tolist(), local.tolist()):
+        shard = shards.shard(sh)
+        e = shard.index[loc, j]
+        raw = shard.view[int(e["offset"]) : int(e["offset"]) + int(e["size"])]
+        try:
+            data = dctx.decompress(raw) if dctx is not None else bytes(raw)
+            values.append(json.loads(bytes(data[len(data) - int(e["nbytes"]) :])))
+        except (zstandard.ZstdError, ValueError) as exc:
+            raise ShardCorruptError(f"{shards.where(rid, name)}: {exc}") from exc
+    return FieldBlock(name, None, np.zeros((len(ids), 0), np.int64), values=values)

@@ -1,0 +1,185 @@
+"""``make_loader``: a torch DataLoader over a :class:`ShardStream`, with epochs and exact resume.
+
+Batches are built whole inside the workers (``batch_size=None``), each in one
+buffer (:class:`loaders.batch.PackedBatch`) that is one of the worker's
+reusable shared-memory slots (:mod:`loaders.slots`); the main process copies it
+out once (into pinned memory when CUDA is present, in the DataLoader's pin
+thread) and unpacks it into ``key -> tensor`` views. The loader counts what it hands to the
+trainer, not what the workers prefetched, so ``state_dict()`` after any batch
+resumes exactly there.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Iterator, Mapping
+
+import torch
+from torch.utils.data import DataLoader
+
+from loaders.batch import Batch, PackedBatch
+from loaders.slots import SlotRings, register, unregister
+from loaders.stream import ShardStream
+
+__all__ = ["StreamLoader", "make_loader", "default_workers", "SHM_PATH"]
+
+SHM_PATH = "/dev/shm"
+
+
+def default_workers() -> int:
+    """Workers when none are asked for: one per core but one, at most 8, at least 1."""
+    return max(1, min(8, (os.cpu_count() or 2) - 1))
+
+
+class StreamLoader(DataLoader):
+    """A DataLoader of a :class:`ShardStream` that also has ``set_epoch``, ``state_dict``, ``load_state_dict``.
+
+    Iterating it yields ``dict`` batches (:class:`loaders.batch.Batch`) in the
+    plan's order whatever the number of workers. It is a plain iterable, so
+    wrappers (a stall monitor, :func:`loaders.to_device`) compose around it.
+    """
+
+    def __init__(self, stream: ShardStream, **kwargs: Any):
+        self.stream = stream
+        super().__init__(stream.for_loader(), batch_size=None, **kwargs)
+        self._lookahead = 0
+        self._new_slots()
+
+    def _new_slots(self) -> None:
+        """Reusable shared-memory batch slots for the workers about to start (see :mod:`loaders.slots`).
+
+        Called before workers are created: once for persistent workers, before
+        every pass otherwise, and after workers were stopped by an error (a
+        batch they left in a queue would keep its slot busy).
+        """
+        driven: ShardStream = self.dataset  # type: ignore[assignment]
+        if driven.slot_rings is not None:
+            unregister(driven.slot_rings)
+            driven.slot_rings = None
+        if self.num_workers > 0:
+            driven.slot_rings = SlotRings(self.num_workers, (self.prefetch_factor or 2) + 2, driven.layout.nbytes)
+            register(driven.slot_rings, self)
+
+    def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
+        driven: ShardStream = self.dataset  # type: ignore[assignment]
+        if self.num_workers > 0 and not self.persistent_workers:
+            self._new_slots()
+        driven.begin_pass()
+        self._lookahead = 0
+        return self._deliver(super().__iter__())
+
+    def _deliver(self, it: Iterator[PackedBatch]) -> Iterator[Batch]:
+        progress = self.stream._progress
+        try:
+            for packed in it:
+                progress.advance()
+                yield packed.unpack()  # copied out of the worker's slot (already done when pinned)
+        except Exception:
+            self._stop_workers(it)
+            raise
+
+    def _stop_workers(self, it: Iterator[PackedBatch]) -> None:
+        """After a worker's error: stop the workers now (not at some later garbage collection, where
+        torch's shutdown can wait 5 s per worker), and let the next pass start fresh ones."""
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        if getattr(self, "_iterator", None) is it:
+            self._iterator = None
+        self._new_slots()
+
+    def note_lookahead(self, n: int) -> None:
+        """A consumer (``to_device``) took ``n`` batches ahead of the trainer (negative: handed them over).
+
+        ``state_dict`` leaves batches taken ahead out of the position.
+        """
+        self._lookahead += n
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next pass (see :meth:`ShardStream.set_epoch`)."""
+        self.stream.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer's position: batches it received, minus any a wrapper took ahead."""
+        state = self.stream.state_dict()
+        if self._lookahead:
+            p = self.stream._progress
+            state["position"] -= self._lookahead * p.world_size
+            state["batches"] -= self._lookahead
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state`` at the next pass (any worker count, any world size)."""
+        self.stream.load_state_dict(state)
+        self._lookahead = 0
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+
+def shm_free_bytes(path: str = SHM_PATH) -> int | None:
+    """Free bytes of the shared-memory filesystem, ``None`` where it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _check_shm(stream: ShardStream, num_workers: int, prefetch_factor: int) -> None:
+    slots = prefetch_factor + 2  # see loaders.slots
+    need = num_workers * slots * stream.layout.nbytes
+    free = shm_free_bytes()
+    if free is not None and need > free:
+        warnings.warn(
+            f"{SHM_PATH} has {free / 2**20:.0f} MiB free, but {num_workers} workers x (prefetch {prefetch_factor} + 2) x "
+            f"{stream.layout.nbytes / 2**20:.1f} MiB per batch need {need / 2**20:.0f} MiB: workers may crash with a bus error. "
+            f"Lower num_workers, prefetch_factor or batch_size (or compact=True for twins), or enlarge {SHM_PATH} "
+            f"(docker: --shm-size).",
+            ResourceWarning,
+            stacklevel=3,
+        )
+
+
+def make_loader(
+    dataset: ShardStream,
+    num_workers: int | None = None,
+    prefetch_factor: int = 4,
+    pin_memory: bool | None = None,
+    persistent_workers: bool = True,
+    multiprocessing_context: Any = None,
+    timeout: float = 0,
+    **dataloader_kwargs: Any,
+) -> StreamLoader:
+    """A :class:`StreamLoader` for ``dataset`` with defaults for streaming.
+
+    Args:
+        dataset: the stream (its epoch and progress stay shared with the loader).
+        num_workers: worker processes (default :func:`default_workers`: cores - 1, 1..8);
+            0 builds batches in the main process.
+        prefetch_factor: batches each worker builds ahead (default 4: deep, since a
+            batch is large and built whole).
+        pin_memory: pin batches for fast, asynchronous copies
+            (default: ``torch.cuda.is_available()``).
+        persistent_workers: keep workers (open shards, cached plan) between epochs.
+        multiprocessing_context, timeout, **dataloader_kwargs: passed to DataLoader.
+            The default start method is the process's own: in a rank started
+            with ``torch.multiprocessing.spawn`` that is ``spawn``, which
+            re-imports torch in every worker (seconds); pass ``"fork"`` there.
+
+    Warns (``ResourceWarning``) when ``/dev/shm`` has less free space than the
+    workers' batch slots take: ``num_workers x (prefetch_factor + 2) x batch bytes``.
+    """
+    if not isinstance(dataset, ShardStream):
+        raise TypeError(f"make_loader needs a ShardStream, got {type(dataset).__name__}")
+    workers = default_workers() if num_workers is None else int(num_workers)
+    if workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {workers}")
+    pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+    kwargs: dict[str, Any] = dict(num_workers=workers, pin_memory=pin, timeout=timeout, **dataloader_kwargs)
+    if workers > 0:
+        prefetch = prefetch_factor or 2
+        kwargs.update(prefetch_factor=prefetch, persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context)
+        _check_shm(dataset, workers, prefetch)
+    return StreamLoader(dataset, **kwargs)

@@ -1,0 +1,269 @@
+"""The epoch plan: pure functions of integers that say which item lands in which batch.
+
+Vocabulary:
+
+* a *record* is one entry of the cache (one graph); the manifest gives the
+  record count of every shard, and record ids are global (shard starts + local);
+* an *item* is what a view yields per batch row: one record (``graphs``,
+  ``records``) or one twin row of a record (``twins``); ``items_per_record``
+  gives their count per record (known from the index shapes, no decoding);
+* the *item stream* of an epoch is the items of the records in epoch order,
+  record after record;
+* *global batch* ``b`` holds stream positions ``[b*B, (b+1)*B)``; positions
+  past the end wrap to the start of the stream and are flagged as padding.
+
+The epoch order is a pure function of ``(record counts per shard, seed, epoch,
+shuffle, window)``: shard order shuffled, then records shuffled within windows
+of ``window`` consecutive shards. It never depends on ranks or workers, and
+nothing is seeded from a pid or the clock.
+
+Parallel split: at step ``t``, rank ``r`` of ``W`` takes global batch
+``start + t*W + r``; inside a rank, worker ``w`` of ``nw`` builds the rank's
+batches ``w, w+nw, ...`` and the DataLoader's in-order round robin hands them
+over in order, so the batch sequence is the same for any worker count. Every
+rank gets the same number of steps: missing batches at the end are whole
+padding batches (``is_pad`` all true), or the remainder is dropped with
+``drop_last``. ``start`` is the number of global batches already consumed, so
+a resume continues the same global sequence under any ``W`` or ``nw``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "epoch_order",
+    "num_batches",
+    "steps_per_rank",
+    "rank_batches",
+    "worker_batches",
+    "batch_positions",
+    "locate_items",
+    "in_batch_permutation",
+    "BatchItems",
+    "EpochPlan",
+]
+
+DEFAULT_WINDOW = 16
+"""Shards per shuffle window: records mix across this many shards (consecutive
+items share a shard with probability about 1/window)."""
+
+# Distinct streams of random numbers, so changing one use never shifts another.
+_TAG_ORDER = 0x6F72646572
+_TAG_BATCH = 0x6261746368
+
+
+def _rng(*words: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([int(w) for w in words]))
+
+
+def _check_seed(seed: int, epoch: int) -> None:
+    if seed < 0 or epoch < 0:
+        raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
+
+
+def epoch_order(counts: np.ndarray, seed: int, epoch: int, shuffle: bool = True, window: int | None = DEFAULT_WINDOW) -> np.ndarray:
+    """Global record ids in epoch order, int64 ``[sum(counts)]``.
+
+    ``counts[s]`` is the record count of shard ``s`` (record ids of shard ``s``
+    start at ``sum(counts[:s])``). Without ``shuffle`` the order is the
+    identity. With it, the shard order is a permutation drawn from
+    ``(seed, epoch)`` and records are permuted within each window of
+    ``window`` consecutive shards of that order (``None``: one window, a full
+    shuffle).
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.ndim != 1 or (counts < 0).any():
+        raise ValueError("counts must be a 1-d array of non-negative record counts")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 shards or None, got {window}")
+    total = int(counts.sum())
+    if not shuffle:
+        return np.arange(total, dtype=np.int64)
+    _check_seed(seed, epoch)
+    rng = _rng(seed, epoch, _TAG_ORDER)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    shards = rng.permutation(len(counts))
+    c = counts[shards]
+    # Concatenated ranges [starts[s], starts[s] + counts[s]) in shard order, vectorised.
+    run_start = np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64)
+    ids = np.arange(total, dtype=np.int64) + np.repeat(starts[shards] - run_start, c)
+    per = len(counts) if window is None else window
+    bounds = np.concatenate([[0], np.cumsum(c)])[::per]
+    bounds = np.append(bounds, total) if bounds[-1] != total else bounds
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        ids[a:b] = rng.permutation(ids[a:b])
+    return ids
+
+
+def num_batches(total_items: int, batch_size: int, drop_last: bool) -> int:
+    """Global batches in an epoch of ``total_items`` items."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return total_items // batch_size if drop_last else -(-total_items // batch_size)
+
+
+def steps_per_rank(batches: int, world_size: int, start: int = 0, drop_last: bool = False) -> int:
+    """Batches every rank yields from global batch ``start`` on (the same for all ranks)."""
+    left = max(0, batches - start)
+    return left // world_size if drop_last else -(-left // world_size)
+
+
+def rank_batches(batches: int, world_size: int, rank: int, start: int = 0, drop_last: bool = False) -> np.ndarray:
+    """Global batch ids of rank ``rank``: ``start + t*world_size + rank`` for each step ``t``.
+
+    Ids ``>= batches`` (only without ``drop_last``) are whole padding batches
+    that keep the step count equal across ranks.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of {world_size}")
+    steps = steps_per_rank(batches, world_size, start, drop_last)
+    return start + np.arange(steps, dtype=np.int64) * world_size + rank
+
+
+def worker_batches(rank_ids: np.ndarray, worker: int, num_workers: int) -> np.ndarray:
+    """The part of a rank's batch ids built by ``worker``: every ``num_workers``-th from ``worker``."""
+    return rank_ids[worker::num_workers]
+
+
+def batch_positions(b: int, batch_size: int, total_items: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stream positions of global batch ``b`` (wrapped into ``[0, total)``) and the padding flags."""
+    if total_items < 1:
+        raise ValueError("an epoch with no items has no batches")
+    pos = b * batch_size + np.arange(batch_size, dtype=np.int64)
+    is_pad = pos >= total_items
+    return pos % total_items, is_pad
+
+
+def locate_items(positions: np.ndarray, bounds: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(record position in the epoch order, item index inside its record)`` of stream positions.
+
+    ``bounds`` is ``[0, cumsum(items per record in epoch order)]``; ``None``
+    means one item per record.
+    """
+    if bounds is None:
+        return positions, np.zeros_like(positions)
+    rec = np.searchsorted(bounds, positions, side="right") - 1
+    return rec, positions - bounds[rec]
+
+
+def in_batch_permutation(seed: int, epoch: int, b: int, batch_size: int) -> np.ndarray:
+    """The deterministic order of the rows inside global batch ``b`` (mixes items of its records)."""
+    return _rng(seed, epoch, _TAG_BATCH, b).permutation(batch_size)
+
+
+@dataclass(frozen=True)
+class BatchItems:
+    """What one global batch holds, row by row, and its distinct records.
+
+    ``records[i]`` / ``items[i]``: record id and item index of row ``i``;
+    ``is_pad[i]``: the row repeats an item to fill the epoch's last batches;
+    ``unique``: the distinct record ids (ascending), ``records == unique[slot]``;
+    ``first[g]``: the first row holding ``unique[g]``.
+    """
+
+    index: int
+    records: np.ndarray
+    items: np.ndarray
+    is_pad: np.ndarray
+    unique: np.ndarray
+    slot: np.ndarray
+    first: np.ndarray
+
+
+def _segments(lo: int, size: int, total: int, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Records (positions in the epoch order) covering stream positions ``[lo, lo+size)`` (cyclic),
+    their row counts, and the item index of every row: a few searchsorted calls, no per-row search."""
+    units, counts, items = [], [], []
+    p, end = lo, lo + size
+    while p < end:
+        a = p % total
+        seg = min(end - p, total - a)
+        u0 = int(np.searchsorted(bounds, a, side="right")) - 1
+        u1 = int(np.searchsorted(bounds, a + seg - 1, side="right")) - 1
+        u = np.arange(u0, u1 + 1, dtype=np.int64)
+        c = np.minimum(bounds[u + 1], a + seg) - np.maximum(bounds[u], a)
+        keep = c > 0
+        u, c = u[keep], c[keep]
+        units.append(u)
+        counts.append(c)
+        items.append(np.arange(a, a + seg, dtype=np.int64) - np.repeat(bounds[u], c))
+        p += seg
+    return np.concatenate(units), np.concatenate(counts), np.concatenate(items)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The plan of one epoch: record order, item bounds, batch size; cheap to query per batch."""
+
+    order: np.ndarray
+    bounds: np.ndarray | None
+    total: int
+    batch_size: int
+    drop_last: bool
+    shuffle: bool
+    seed: int
+    epoch: int
+
+    @classmethod
+    def build(
+        cls,
+        counts: np.ndarray,
+        items_per_record: np.ndarray | None,
+        batch_size: int,
+        seed: int,
+        epoch: int,
+        shuffle: bool = True,
+        window: int | None = DEFAULT_WINDOW,
+        drop_last: bool = False,
+    ) -> "EpochPlan":
+        """Plan an epoch; ``items_per_record`` is indexed by record id (``None``: one item each)."""
+        order = epoch_order(counts, seed, epoch, shuffle, window)
+        if items_per_record is None:
+            bounds, total = None, len(order)
+        else:
+            per = np.asarray(items_per_record, dtype=np.int64)[order]
+            bounds = np.concatenate([[0], np.cumsum(per)])
+            total = int(bounds[-1])
+        num_batches(total, batch_size, drop_last)  # validates batch_size
+        return cls(order, bounds, total, batch_size, drop_last, shuffle, seed, epoch)
+
+    @property
+    def batches(self) -> int:
+        """Global batches in the epoch."""
+        return num_batches(self.total, self.batch_size, self.drop_last)
+
+    def steps(self, world_size: int, start: int = 0) -> int:
+        """Batches each rank yields from global batch ``start`` on."""
+        return steps_per_rank(self.batches, world_size, start, self.drop_last)
+
+    def rank_batches(self, world_size: int, rank: int, start: int = 0) -> np.ndarray:
+        """Global batch ids of one rank from ``start`` on (see :func:`rank_batches`)."""
+        return rank_batches(self.batches, world_size, rank, start, self.drop_last)
+
+    def batch(self, b: int) -> BatchItems:
+        """Rows of global batch ``b``: positions wrapped and flagged, located, mixed within the batch."""
+        B, total = self.batch_size, self.total
+        if total < 1:
+            raise ValueError("an epoch with no items has no batches")
+        lo = b * B
+        is_pad = lo + np.arange(B, dtype=np.int64) >= total
+        if self.bounds is None:
+            records = self.order[(lo + np.arange(B, dtype=np.int64)) % total]
+            items = np.zeros(B, np.int64)
+            unique, slot = np.unique(records, return_inverse=True)
+        else:
+            units, counts, items = _segments(lo, B, total, self.bounds)
+            unique, uslot = np.unique(self.order[units], return_inverse=True)
+            slot = np.repeat(uslot.reshape(-1), counts)
+            records = unique[slot]
+        slot = slot.reshape(-1)
+        if self.shuffle:
+            perm = in_batch_permutation(self.seed, self.epoch, b, B)
+            records, items, is_pad, slot = records[perm], items[perm], is_pad[perm], slot[perm]
+        first = np.full(len(unique), B, np.int64)
+        np.minimum.at(first, slot, np.arange(B, dtype=np.int64))
+        return BatchItems(b, records, items, is_pad, unique, slot, first)

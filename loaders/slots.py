@@ -1,0 +1,143 @@
+"""Reusable shared-memory batch buffers between DataLoader workers and the main process.
+
+Why: handing a fresh shared-memory tensor from a worker to the main process
+costs, per batch, a new segment the kernel must zero and fault in (about as
+much time as decoding the batch) and a file-descriptor hand-over through a
+socket (a connect per batch). Instead the loader allocates, before the workers
+start, ``slots`` buffers per worker (:class:`SlotRings`); the workers inherit
+them. A worker writes a batch into its next free slot and sends only a
+reference ``(rings, worker, slot)``; the main process copies the batch out
+(into pinned memory in the pin thread, else into private memory) and frees the
+slot.
+
+Protocol, per slot: byte 0 of its header is 1 while it holds a batch the main
+process has not copied, 0 when free. Only a worker sets it (when free), only
+the main process clears it (once per batch: after copying it, or when the
+reference is dropped unread, as the DataLoader does with batches it discards
+when a pass is cut short). The DataLoader keeps at most ``prefetch_factor``
+batches of a worker outstanding, so ``prefetch_factor + 2`` slots do not run
+out; if one stays busy past a timeout anyway, the worker uses a fresh buffer
+instead: never an endless wait, never a slot overwritten while it is read.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["SLOT_HEADER", "SlotRings", "SlotLease", "register", "unregister", "rings_of"]
+
+SLOT_HEADER = 64
+"""Bytes before the batch in a slot; byte 0 is the slot's busy flag."""
+
+_REGISTRY: dict[str, "SlotRings"] = {}
+
+
+def register(rings: "SlotRings", owner: object) -> None:
+    """Make ``rings`` findable by the main process's unpickler for as long as ``owner`` (the loader) lives."""
+    _REGISTRY[rings.token] = rings
+    weakref.finalize(owner, _REGISTRY.pop, rings.token, None)
+
+
+def unregister(rings: "SlotRings") -> None:
+    """Forget ``rings`` (a loader replaced them); batches still referring to them can no longer be read."""
+    _REGISTRY.pop(rings.token, None)
+
+
+def rings_of(token: str) -> "SlotRings":
+    """The rings a slot reference names (main process)."""
+    try:
+        return _REGISTRY[token]
+    except KeyError:
+        raise RuntimeError(f"batch refers to slot rings {token[:8]} that no live loader in this process owns") from None
+
+
+class SlotRings:
+    """``slots`` shared-memory buffers of ``nbytes`` (plus header) for each of ``workers`` workers."""
+
+    def __init__(self, workers: int, slots: int, nbytes: int, timeout_s: float = 1.0):
+        self.token = uuid.uuid4().hex
+        self.workers, self.slots, self.nbytes, self.timeout_s = workers, slots, nbytes, timeout_s
+        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+        self.buffers: list[list[torch.Tensor]] = []
+        for _ in range(workers):
+            ring = []
+            for _ in range(slots):
+                size = SLOT_HEADER + max(nbytes, 1)
+                if new_shared is not None:  # pages are only allocated when first written
+                    t = torch.empty(0, dtype=torch.uint8).set_(new_shared(size))[:size]
+                else:
+                    t = torch.zeros(size, dtype=torch.uint8).share_memory_()
+                ring.append(t)
+            self.buffers.append(ring)
+        self._next = [0] * workers
+        self._flags: dict[tuple[int, int], np.ndarray] = {}
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_flags"] = {}
+        return state
+
+    def _flag(self, worker: int, slot: int) -> np.ndarray:
+        f = self._flags.get((worker, slot))
+        if f is None:
+            f = self._flags[(worker, slot)] = self.buffers[worker][slot][:1].numpy()
+        return f
+
+    def acquire(self, worker: int) -> tuple[torch.Tensor, "SlotLease"] | None:
+        """Worker side: ``(batch buffer, lease)`` of the worker's next slot once free; ``None`` after the timeout."""
+        i = self._next[worker]
+        self._next[worker] = (i + 1) % self.slots
+        flag = self._flag(worker, i)
+        if flag[0]:
+            deadline = time.monotonic() + self.timeout_s
+            while flag[0]:
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.0002)
+        flag[0] = 1
+        return self.data(worker, i), SlotLease(self, worker, i, armed=False)
+
+    def data(self, worker: int, slot: int) -> torch.Tensor:
+        return self.buffers[worker][slot][SLOT_HEADER : SLOT_HEADER + self.nbytes]
+
+    def release(self, worker: int, slot: int) -> None:
+        """Main side: the batch in the slot was copied (or dropped); the worker may reuse it."""
+        self._flag(worker, slot)[0] = 0
+
+
+class SlotLease:
+    """A batch's claim on a slot. Pickled as a reference; in the main process it frees the slot
+    exactly once: when the batch is copied out, or when it is dropped without being read."""
+
+    __slots__ = ("rings", "worker", "slot", "armed", "__weakref__")
+
+    def __init__(self, rings: SlotRings, worker: int, slot: int, armed: bool):
+        self.rings, self.worker, self.slot, self.armed = rings, worker, slot, armed
+
+    def reduce(self, spec: Any) -> tuple:
+        return (_rebuild, (self.rings.token, self.worker, self.slot, spec))
+
+    def release(self) -> None:
+        if self.armed:
+            self.armed = False
+            self.rings.release(self.worker, self.slot)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: nothing left to free
+            pass
+
+
+def _rebuild(token: str, worker: int, slot: int, spec: Any) -> Any:
+    """Unpickling in the main process: the batch, viewing the slot, holding an armed lease."""
+    from loaders.batch import PackedBatch
+
+    rings = rings_of(token)
+    return PackedBatch(rings.data(worker, slot), spec, SlotLease(rings, worker, slot, armed=True))

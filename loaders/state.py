@@ -1,0 +1,100 @@
+"""Loader state: a position in the epoch plan, with what it is a position *of*.
+
+The state is a small JSON-able dict::
+
+    {"format": "cachebuild-loader-state", "version": 1,
+     "epoch": 3,            # epoch of the position
+     "position": 1234,      # global batches of that epoch consumed by the trainer(s), all ranks together
+     "seed": 0,
+     "cache": "<sha256>",   # fingerprint of the cache (fields, shard names, sizes, checksums)
+     "plan": {"view": "twins", "view_options": {...}, "batch_size": 4096,
+              "shuffle": true, "window": 16, "drop_last": false},
+     "world_size": 2,       # when saved (informational: any world size may resume)
+     "batches": 617}        # batches this rank had consumed in the epoch (informational)
+
+Resuming needs only ``epoch`` and ``position`` (O(1), nothing replayed); the
+rest must match the stream it is loaded into, else :class:`CacheMismatchError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from cachebuild.errors import CacheMismatchError
+from cachebuild.format.manifest import Manifest
+
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "PlanConfig", "cache_fingerprint", "make_state", "check_state"]
+
+STATE_FORMAT = "cachebuild-loader-state"
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Everything that decides the batches of an epoch, besides the cache and the epoch."""
+
+    view: str
+    batch_size: int
+    shuffle: bool
+    seed: int
+    window: int | None
+    drop_last: bool
+    view_options: dict[str, Any] = field(default_factory=dict)
+
+    def identity(self) -> dict[str, Any]:
+        """The JSON form compared on resume (seed is stored on its own)."""
+        d = asdict(self)
+        d.pop("seed")
+        return json.loads(json.dumps(d))
+
+
+def cache_fingerprint(manifest: Manifest) -> str:
+    """sha256 over the cache's identity: kind, seed, codec, fields, and each shard's name, records and checksums."""
+    doc = {
+        "kind": manifest.kind,
+        "seed": manifest.seed,
+        "codec": manifest.codec.to_dict(),
+        "fields": {f.name: f.to_dict() for f in manifest.fields},
+        "shards": [[s.name, s.records, s.bytes, s.sha256, s.index_sha256] for s in manifest.shards],
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def make_state(epoch: int, position: int, cfg: PlanConfig, fingerprint: str, world_size: int, batches: int) -> dict[str, Any]:
+    """The state dict (see the module docstring)."""
+    return {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "epoch": int(epoch),
+        "position": int(position),
+        "seed": int(cfg.seed),
+        "cache": fingerprint,
+        "plan": cfg.identity(),
+        "world_size": int(world_size),
+        "batches": int(batches),
+    }
+
+
+def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str) -> tuple[int, int]:
+    """``(epoch, position)`` of a state saved by a stream of the same cache and plan; a clear error otherwise."""
+    if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"not a cachebuild loader state (format={state.get('format') if isinstance(state, Mapping) else type(state).__name__!r})")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"loader state version {state.get('version')!r} is not supported (this loader reads {STATE_VERSION})")
+    if state.get("cache") != fingerprint:
+        raise CacheMismatchError(f"loader state was saved from another cache (fingerprint {str(state.get('cache'))[:12]}..., this cache is {fingerprint[:12]}...)")
+    if state.get("seed") != cfg.seed:
+        raise CacheMismatchError(f"loader state has seed {state.get('seed')!r}, this stream has seed {cfg.seed}")
+    mine = cfg.identity()
+    theirs = state.get("plan", {})
+    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: saved {theirs.get(k)!r}, now {mine.get(k)!r}" for k in diff)
+        raise CacheMismatchError(f"loader state was saved with another plan ({detail})")
+    epoch, position = state.get("epoch"), state.get("position")
+    if not isinstance(epoch, int) or not isinstance(position, int) or epoch < 0 or position < 0:
+        raise ValueError(f"loader state has an invalid epoch/position: {epoch!r}/{position!r}")
+    return epoch, position

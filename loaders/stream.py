@@ -1,0 +1,282 @@
+"""``ShardStream``: a streaming ``IterableDataset`` of fixed-shape batches from a cache directory.
+
+It composes the parts: the manifest (what the cache holds), a view (how
+records become batches, :mod:`loaders.views`), the epoch plan (which items go
+in which batch, :mod:`loaders.plan`), the block reader (records by id from
+memory-mapped shards, :mod:`loaders.blockread`) and the world (rank, worker,
+:mod:`loaders.world`, read when iteration starts). Batches are built whole,
+where the stream runs (a DataLoader worker, or the main process), so the
+DataLoader is used with ``batch_size=None``.
+
+Progress (epoch, global position) lives in the main process's stream object;
+DataLoader workers receive the epoch, start position and world at the start
+of every pass through a small shared-memory block, which also reaches
+persistent workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from cachebuild.format.manifest import read_manifest
+from loaders.batch import Batch, Layout, PackedBatch
+from loaders.plan import DEFAULT_WINDOW, EpochPlan
+from loaders.shards import ShardSet, check_shard_files
+from loaders.slots import SlotRings
+from loaders.state import PlanConfig, cache_fingerprint, check_state, make_state
+from loaders.views import make_view
+from loaders.world import World, detect_ranks, worker_part
+
+__all__ = ["ShardStream"]
+
+_MALLOC_TUNED = False
+
+
+def _tune_worker_malloc() -> None:
+    """In a DataLoader worker (a process the loader owns): keep large buffers on glibc's heap.
+
+    zstd's output buffers are tens of MB per batch; by default glibc maps each
+    afresh, so every batch pays page faults and zeroing in the kernel (about as
+    much time as decoding). A higher mmap/trim threshold lets the heap reuse
+    them. No effect where glibc is absent.
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 512 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+# Slots of the shared control block handed to DataLoader workers.
+_VALID, _EPOCH, _START, _RANK, _WORLD = range(5)
+
+
+class _Progress:
+    """Main-process bookkeeping: the epoch and the global batches of it the trainer consumed."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.position = 0
+        self.resume = False
+        self.world_size = 1
+        self.batches = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.position, self.resume, self.batches = epoch, 0, False, 0
+
+    def begin(self, world_size: int) -> int:
+        """Start a pass: from the loaded position once after ``load_state_dict``, else from 0."""
+        start = self.position if self.resume else 0
+        if not self.resume:
+            self.batches = 0
+        self.position, self.resume, self.world_size = start, False, world_size
+        return start
+
+    def advance(self, n: int = 1) -> None:
+        self.position += n * self.world_size
+        self.batches += n
+
+
+class ShardStream(IterableDataset):
+    """Fixed-shape batches of a cache, planned per epoch, split across ranks and workers.
+
+    Args:
+        root: cache directory (holds ``manifest.json``).
+        view: ``"records"`` (any cache), ``"graphs"``, ``"twins"`` (causal), or a
+            name added with :func:`loaders.views.register_view`.
+        batch_size: rows per batch (graphs, twin rows, records).
+        shuffle: shuffle shard order, records within windows, and rows within batches.
+        seed: seed of every shuffle (with the epoch); never a pid or the clock.
+        window: shards per shuffle window (``None``: one window, a full shuffle).
+        drop_last: drop the epoch's remainder instead of padding it with flagged repeats.
+        rank, world_size: override what ``torch.distributed`` says.
+        verify: ``"size"`` or ``"crc"`` (see :data:`loaders.blockread.VERIFY_MODES`).
+        decode_threads: zstd threads when iterating in the main process
+            (default: up to 4); DataLoader workers always use 1.
+        **view_options: passed to the view (e.g. ``compact=True`` for twins).
+
+    Iterate it directly (batches are dicts of tensors) or through
+    :func:`loaders.make_loader`. ``set_epoch``, ``state_dict`` and
+    ``load_state_dict`` act like a DistributedSampler's plus an exact resume.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        view: str = "records",
+        batch_size: int = 256,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        window: int | None = DEFAULT_WINDOW,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        verify: str = "size",
+        decode_threads: int | None = None,
+        **view_options: Any,
+    ):
+        super().__init__()
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 shards or None, got {window}")
+        self.root = Path(root)
+        self.manifest = read_manifest(self.root)
+        check_shard_files(self.manifest, self.root)
+        self.view = make_view(view, self.manifest, batch_size, **view_options)
+        self.config = PlanConfig(view, batch_size, shuffle, seed, window, drop_last, self.view.options())
+        self.fingerprint = cache_fingerprint(self.manifest)
+        self.verify = verify
+        probe = ShardSet(self.manifest, self.root, verify)
+        try:
+            self.items_per_record = self.view.bind(probe.field_shapes)
+        finally:
+            probe.close()
+        self.layout: Layout = self.view.layout()
+        self._spec = self.layout.spec()
+        self._counts = np.array([s.records for s in self.manifest.shards], dtype=np.int64)
+        self._rank, self._world_size = rank, world_size
+        self._decode_threads = decode_threads
+        self._progress = _Progress()
+        self._control = torch.zeros(5, dtype=torch.int64).share_memory_()
+        self._emit_packed = False  # set on the copy a loader drives (see for_loader)
+        self._reader: ShardSet | None = None
+        self._reader_pid = -1
+        self._plan_cache: tuple[int, EpochPlan] | None = None
+        self.slot_rings: SlotRings | None = None  # set by a loader with workers (see loaders.slots)
+
+    # ---- pickling (DataLoader workers): no open files, no cached plan
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_reader"], state["_reader_pid"], state["_plan_cache"] = None, -1, None
+        return state
+
+    # ---- the plan
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """The plan of ``epoch`` (default: the current one), cached for the last epoch asked."""
+        epoch = self._progress.epoch if epoch is None else epoch
+        if self._plan_cache is None or self._plan_cache[0] != epoch:
+            c = self.config
+            plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last)
+            self._plan_cache = (epoch, plan)
+        return self._plan_cache[1]
+
+    def world(self) -> World:
+        """Rank and world size as they are now (explicit arguments, else torch.distributed)."""
+        rank, ws = detect_ranks(self._rank, self._world_size)
+        return World(rank, ws)
+
+    def __len__(self) -> int:
+        """Batches each rank yields in a whole epoch (same for every rank)."""
+        return self.plan().steps(self.world().world_size)
+
+    # ---- epoch and resumption
+    @property
+    def epoch(self) -> int:
+        return self._progress.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next pass (a new epoch starts at its beginning; the same epoch keeps a loaded position)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._progress.set_epoch(int(epoch))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the trainer is: epoch and global batches consumed (see :mod:`loaders.state`)."""
+        p = self._progress
+        return make_state(p.epoch, p.position, self.config, self.fingerprint, p.world_size, p.batches)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` at the next pass: the same remaining batches, nothing decoded to get there."""
+        epoch, position = check_state(state, self.config, self.fingerprint)
+        p = self._progress
+        p.epoch, p.position, p.resume, p.batches = epoch, position, True, int(state.get("batches", 0))
+
+    # ---- iteration
+    def for_loader(self) -> "ShardStream":
+        """A copy that a loader drives: it shares this stream's progress and yields packed batches."""
+        driven = copy.copy(self)
+        driven._emit_packed = True
+        return driven
+
+    def begin_pass(self) -> World:
+        """Main process, before a loader's pass: resolve the world, fix the start, tell the workers."""
+        world = self.world()
+        start = self._progress.begin(world.world_size)
+        self._control[:] = torch.tensor([1, self._progress.epoch, start, world.rank, world.world_size])
+        return world
+
+    def __iter__(self) -> Iterator[Any]:
+        wid, nw = worker_part()
+        in_worker = get_worker_info() is not None
+        count = False
+        if self._emit_packed:  # a loader called begin_pass() in the main process
+            valid, epoch, start, rank, ws = self._control.tolist()
+            if not valid:
+                raise RuntimeError("ShardStream.for_loader() copy iterated without begin_pass(); use loaders.make_loader")
+        elif in_worker:  # a plain DataLoader: no pass handed over; detect here
+            rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
+            epoch, start = self._progress.epoch, 0
+        else:  # iterated directly: this object counts what it hands out
+            world = self.world()
+            rank, ws = world.rank, world.world_size
+            epoch, start, count = self._progress.epoch, self._progress.begin(ws), True
+        world = World(rank, ws, wid, nw)
+        plan = self.plan(epoch)
+        ids = plan.rank_batches(world.world_size, world.rank, start)[world.worker :: world.num_workers]
+        if in_worker:
+            _tune_worker_malloc()
+        rings = self.slot_rings if in_worker and self._emit_packed else None
+        return self._batches(plan, ids, shared=in_worker, count=count, rings=rings, worker=wid)
+
+    def _shards(self) -> ShardSet:
+        if self._reader is None or self._reader_pid != os.getpid():
+            self._reader = ShardSet(self.manifest, self.root, self.verify)
+            self._reader_pid = os.getpid()
+        return self._reader
+
+    def _batches(self, plan: EpochPlan, ids: np.ndarray, shared: bool, count: bool, rings: SlotRings | None = None, worker: int = 0) -> Iterator[Any]:
+        shards = self._shards()
+        threads = 1 if shared else (self._decode_threads or min(4, os.cpu_count() or 1))
+        for b in ids.tolist():
+            self.view.decode_threads = threads
+            slot = rings.acquire(worker) if rings is not None else None
+            try:
+                buf, arrays = self.layout.allocate(shared, slot)
+                self.view.assemble(shards, plan.batch(b), arrays)
+            except BaseException:
+                if slot is not None:  # nothing was sent: the slot is free again
+                    rings.release(worker, slot[1].slot)
+                raise
+            packed = PackedBatch(buf, self._spec, slot[1] if slot is not None else None)
+            if count:
+                self._progress.advance()
+            yield packed if self._emit_packed else packed.unpack()
+
+    def batch(self, b: int, epoch: int | None = None) -> Batch:
+        """Global batch ``b`` of ``epoch`` built on the spot (for tests and inspection; no progress counted)."""
+        buf, arrays = self.layout.allocate(False)
+        self.view.decode_threads = self._decode_threads or 1
+        self.view.assemble(self._shards(), self.plan(epoch).batch(b), arrays)
+        return PackedBatch(buf, self._spec).unpack()
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"ShardStream({str(self.root)!r}, view={c.view!r}, batch_size={c.batch_size}, shuffle={c.shuffle}, "
+                f"seed={c.seed}, window={c.window}, drop_last={c.drop_last}, records={self.manifest.records})")

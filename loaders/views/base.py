@@ -1,0 +1,94 @@
+"""What a view is: records of a cache -> fixed-shape batches, assembled with array operations.
+
+A view says how many *items* each record yields (one per record, or one per
+twin row; known from the index shapes, without decoding), declares its batch
+:class:`~loaders.batch.Layout` once, and fills one batch from the block of
+records its rows need. The plan (:mod:`loaders.plan`) decides which items go
+in which batch; the view never sees ranks, workers or epochs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from cachebuild.format.manifest import FieldSchema, Manifest
+from cachebuild.format.shard_writer import JSON_DTYPE
+from loaders.batch import Field, Layout
+from loaders.shards import ShardSet
+from loaders.plan import BatchItems
+
+__all__ = ["View", "ShapesFn", "pad_mask", "copy_repeats", "field_layout", "array_fields", "require_fields"]
+
+ShapesFn = Callable[[str], np.ndarray]
+"""``field name -> int64 [records, ndim]`` shapes of that field for every record (index only)."""
+
+
+class View:
+    """Base class of views. Subclasses set ``name`` and implement :meth:`layout` and :meth:`assemble`.
+
+    ``decode_threads`` is the zstd thread count for the block reads (the stream
+    sets it: 1 inside DataLoader workers).
+    """
+
+    name = "?"
+
+    def __init__(self, manifest: Manifest, batch_size: int):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.manifest = manifest
+        self.batch_size = batch_size
+        self.decode_threads = 1
+
+    def options(self) -> dict[str, Any]:
+        """The view's settings (part of the plan's identity in a saved state)."""
+        return {}
+
+    def bind(self, shapes: ShapesFn) -> np.ndarray | None:
+        """Learn what the cache holds (from index shapes); return items per record (``None``: one each)."""
+        return None
+
+    def layout(self) -> Layout:
+        """The fixed batch layout (call after :meth:`bind`)."""
+        raise NotImplementedError
+
+    def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
+        """Fill the pre-allocated (and pre-filled) arrays ``out`` of one batch."""
+        raise NotImplementedError
+
+
+def array_fields(manifest: Manifest) -> list[FieldSchema]:
+    """The non-JSON fields of a cache, in manifest order."""
+    return [f for f in manifest.fields if f.dtype != JSON_DTYPE]
+
+
+def require_fields(manifest: Manifest, names: Sequence[str], view: str) -> None:
+    """A clear error when a view needs fields the cache does not have."""
+    have = set(manifest.field_names)
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise ValueError(f"view '{view}' needs field(s) {missing} that cache {manifest.root or '?'} (kind '{manifest.kind}') lacks; it has {sorted(have)}")
+
+
+def pad_mask(lengths: np.ndarray, size: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``mask[i, j] = j < lengths[i]``: bool ``[len(lengths), size]``."""
+    mask = np.arange(size)[None, :] < np.asarray(lengths)[:, None]
+    if out is not None:
+        out[...] = mask
+        return out
+    return mask
+
+
+def copy_repeats(out: Mapping[str, np.ndarray], first: np.ndarray, inv: np.ndarray, keys: Sequence[str]) -> None:
+    """Rows that repeat an earlier record (padding) copy that record's row, for ``keys``."""
+    src = first[inv]
+    dup = np.flatnonzero(src != np.arange(len(inv)))
+    if dup.size:
+        for k in keys:
+            out[k][dup] = out[k][src[dup]]
+
+
+def field_layout(schema: FieldSchema, batch: int) -> Field:
+    """A zero-padded batch key for a stored field: ``[batch, *max_shape]`` of its dtype."""
+    return Field((batch,) + tuple(schema.max_shape), schema.dtype, 0)

@@ -1,0 +1,217 @@
+"""The ``mel`` and ``mel_files`` views of a mel cache (one record per audio file).
+
+A mel record holds ``mel`` ``[L, S, M, T]`` (``L`` long windows of ``S``
+short windows, each an ``M`` mel bins x ``T`` frames image; the users'
+defaults are 40 x 2 x 64 x 1, float16) and ``label`` (int16, 0-d).
+
+``mel``: one batch row per *segment* (short window), for training.
+    The plan works on files (each yields ``L*S`` items, known from the index
+    shapes without decoding): a batch holds consecutive segments of the
+    epoch's file order, so it decodes only the few files it spans (about
+    ``B / 80 + 1``) in one block read, and fills every row by index
+    arithmetic (one ``np.take`` per key, no per-segment Python). Rows are mixed
+    across those files by the plan's deterministic in-batch permutation, as in
+    ``twins``. Epoch plan, DDP split, exact resume, pinned prefetch: the
+    stream's, unchanged.
+
+    ================  =======================  ===========================================
+    key               shape, dtype             meaning
+    ================  =======================  ===========================================
+    ``mel``           ``[B, 1, M, T]`` f16/f32 the segment (channel axis for a CNN);
+                                               ``dtype="float32"`` casts while gathering
+    ``label``         ``[B]`` int64            its file's label id
+    ``file_id``       ``[B]`` int64            its file's record id (= the source's file index)
+    ``long_index``    ``[B]`` int64            long window ``l`` in ``[0, L)``
+    ``short_index``   ``[B]`` int64            short window ``s`` in ``[0, S)``
+    ``is_pad``        ``[B]`` bool             a repeat that fills the epoch's last batches
+    ``waveform``      ``[B, W]`` f32           the segment's samples (``waveform=True``;
+                                               caches built with ``store_waveform``)
+    ================  =======================  ===========================================
+
+``mel_files``: one batch row per *file*, for batched file-level evaluation.
+    A batch of ``F`` files is one dense tensor, so the model sees all their
+    segments in a single call and the votes are one vectorised reduction::
+
+        x = batch["mel"].reshape(-1, 1, M, T)              # [F*L*S, 1, M, T]
+        logits = model(x).reshape(F, L, S)                  # one call
+        frac, leak = file_votes(logits, long_mask=batch["long_mask"])   # loaders.mel_eval
+
+    (Why dense rather than flattened segments plus offsets: every file of a
+    mel cache has the same ``L`` and ``S``, so the flat model input is a free
+    ``reshape`` of the dense tensor, and the vote needs no offsets; a cache
+    with varying ``L`` is zero-padded and ``long_mask`` says which windows
+    exist.)
+
+    =============  ==========================  ===========================================
+    key            shape, dtype                meaning
+    =============  ==========================  ===========================================
+    ``mel``        ``[F, L, S, M, T]`` f16/f32  the whole file
+    ``label``      ``[F]`` int64               label id
+    ``file_id``    ``[F]`` int64               record id
+    ``long_mask``  ``[F, L]`` bool             long window ``l`` exists in the file
+    ``is_pad``     ``[F]`` bool                a repeat that fills the epoch's last batch:
+                                               drop these rows from metrics
+    ``waveform``   ``[F, L, S, W]`` f32        samples (``waveform=True``)
+    =============  ==========================  ===========================================
+
+    For evaluation use ``shuffle=False`` (files in cache order); with several
+    ranks every file is still seen exactly once, repeats flagged ``is_pad``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cachebuild.format.manifest import Manifest
+from loaders.batch import Field, Layout
+from loaders.blockread import FieldBlock, read_block
+from loaders.plan import BatchItems
+from loaders.shards import ShardSet
+from loaders.views.base import ShapesFn, View, copy_repeats, pad_mask, require_fields
+from loaders.views.twins import max_graphs_per_batch
+
+__all__ = ["MelView", "MelFilesView", "MEL_DTYPES"]
+
+MEL_DTYPES = ("float16", "float32")
+"""Batch dtypes of ``mel``: as stored (the builder's default float16), or float32 (cast while gathering)."""
+
+
+class _MelBase(View):
+    """What both mel views share: option checks, the cache's max shape, the fields to decode."""
+
+    def __init__(self, manifest: Manifest, batch_size: int, dtype: str | None = None, waveform: bool = False):
+        super().__init__(manifest, batch_size)
+        require_fields(manifest, ["mel", "label"] + (["waveform"] if waveform else []), self.name)
+        schema = manifest.schema("mel")
+        if schema.ndim != 4:
+            raise ValueError(f"view {self.name!r}: field 'mel' must be [num_long, num_short, n_mels, t], cache has {schema.ndim} axes")
+        stored = np.dtype(schema.dtype).name
+        self.dtype = stored if dtype is None else np.dtype(dtype).name
+        if self.dtype not in MEL_DTYPES:
+            raise ValueError(f"view {self.name!r}: dtype must be one of {MEL_DTYPES} (or None: as stored, {stored}), got {dtype!r}")
+        self.waveform = bool(waveform)
+        self.max_shape: tuple[int, int, int, int] = tuple(int(n) for n in schema.max_shape)  # type: ignore[assignment]
+        self.varying = bool(schema.varying_axes)
+        self.wave_len = int(manifest.schema("waveform").max_shape[-1]) if waveform else 0
+        self._decode = ["mel", "label"] + (["waveform"] if waveform else [])
+
+    def options(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "waveform": self.waveform}
+
+
+def _labels(block: FieldBlock) -> np.ndarray:
+    """Label of every record of a block (0-d int16 arrays) as int64 ``[G]``."""
+    out = np.zeros(len(block.shapes), np.int64)
+    block.scatter(out)
+    return out
+
+
+class MelView(_MelBase):
+    """One row per segment ``(file, long, short)``; planned by file, mixed within batches."""
+
+    name = "mel"
+
+    def __init__(self, manifest: Manifest, batch_size: int, dtype: str | None = None, waveform: bool = False):
+        super().__init__(manifest, batch_size, dtype, waveform)
+        self.g_max: int | None = None
+
+    def bind(self, shapes: ShapesFn) -> np.ndarray:
+        mel = shapes("mel")
+        items = mel[:, 0] * mel[:, 1] if len(mel) else np.zeros(0, np.int64)
+        if self.waveform:
+            wav = shapes("waveform")
+            if len(wav) and (wav[:, :2] != mel[:, :2]).any():
+                bad = int(np.flatnonzero((wav[:, :2] != mel[:, :2]).any(axis=1))[0])
+                raise ValueError(f"view 'mel': record {bad} has waveform windows {tuple(wav[bad, :2])} but mel windows {tuple(mel[bad, :2])}")
+        self.g_max = max_graphs_per_batch(items, self.batch_size)
+        return items
+
+    def layout(self) -> Layout:
+        if self.g_max is None:
+            raise RuntimeError("MelView.layout() needs bind() first (the stream calls it)")
+        B = self.batch_size
+        _, _, M, T = self.max_shape
+        keys = {
+            "mel": Field((B, 1, M, T), self.dtype),
+            "label": Field((B,), "int64"),
+            "file_id": Field((B,), "int64"),
+            "long_index": Field((B,), "int64"),
+            "short_index": Field((B,), "int64"),
+            "is_pad": Field((B,), "bool"),
+        }
+        if self.waveform:
+            keys["waveform"] = Field((B, self.wave_len), "float32")
+        return Layout(keys)
+
+    def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
+        L, S, M, T = self.max_shape
+        B, uniq, slot = self.batch_size, items.unique, items.slot
+        G = len(uniq)
+        if self.g_max is not None and G > self.g_max:
+            raise RuntimeError(f"batch {items.index} spans {G} files, more than the planned {self.g_max}")
+        blocks = read_block(shards, uniq, self._decode, self.decode_threads)
+        # The block's files, dense ([G, L, S, M, T], cast to the batch dtype on the way).
+        alloc = np.zeros if self.varying else np.empty
+        files = alloc((G, L, S, M, T), self.dtype)
+        blocks["mel"].scatter(files)
+        # Segment k of a file is (long k // S_f, short k % S_f); its row in `files` follows.
+        per_short = blocks["mel"].shapes[:, 1][slot]
+        long = items.items // per_short
+        short = items.items - long * per_short
+        flat = (slot * L + long) * S + short
+        np.take(files.reshape(G * L * S, M, T), flat, axis=0, out=out["mel"].reshape(B, M, T), mode="clip")
+        if self.waveform:
+            W = self.wave_len
+            waves = np.zeros((G, L, S, W), np.float32)
+            blocks["waveform"].scatter(waves)
+            np.take(waves.reshape(G * L * S, W), flat, axis=0, out=out["waveform"], mode="clip")
+        out["label"][...] = _labels(blocks["label"])[slot]
+        out["file_id"][...] = items.records
+        out["long_index"][...] = long
+        out["short_index"][...] = short
+        out["is_pad"][...] = items.is_pad
+
+
+class MelFilesView(_MelBase):
+    """One row per file: the whole ``[L, S, M, T]`` mel, for one-call batched evaluation and voting."""
+
+    name = "mel_files"
+
+    def layout(self) -> Layout:
+        F = self.batch_size
+        L, S, M, T = self.max_shape
+        keys = {
+            "mel": Field((F, L, S, M, T), self.dtype, 0 if self.varying else None),
+            "label": Field((F,), "int64"),
+            "file_id": Field((F,), "int64"),
+            "long_mask": Field((F, L), "bool"),
+            "is_pad": Field((F,), "bool"),
+        }
+        if self.waveform:
+            keys["waveform"] = Field((F, L, S, self.wave_len), "float32", 0)
+        return Layout(keys)
+
+    def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
+        first, slot = items.first, items.slot
+        blocks = read_block(shards, items.unique, self._decode, self.decode_threads)
+        dense = ["mel"] + (["waveform"] if self.waveform else [])
+        for name in dense:
+            blocks[name].scatter(out[name], first)  # each file once, at its first row
+        copy_repeats(out, first, slot, dense)  # rows repeating a file (padding) copy it
+        out["label"][...] = _labels(blocks["label"])[slot]
+        out["file_id"][...] = items.records
+        pad_mask(blocks["mel"].shapes[:, 0][slot], self.max_shape[0], out["long_mask"])
+        out["is_pad"][...] = items.is_pad
+
+
+def _register() -> None:
+    """Add both views to the registry (idempotent; ``loaders.views`` imports this module at its end)."""
+    from loaders.views import register_view
+
+    register_view(MelView.name, MelView)
+    register_view(MelFilesView.name, MelFilesView)
+
+
+_register()

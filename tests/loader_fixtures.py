@@ -1,0 +1,166 @@
+"""Fixtures and helpers of the loader tests: small causal caches, reference reads, a DDP rank body.
+
+Imported by the ``test_loader_*`` modules (pytest registers the fixtures they import).
+The DDP body lives here so that ``torch.multiprocessing.spawn`` children can import it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cachebuild.format import ShardReader, read_manifest
+
+CAUSAL_GRAPHS = 200
+
+
+def build_causal(out: Path, graphs: int = CAUSAL_GRAPHS, codec: str = "zstd", shard_mb: float = 0.5, seed: int = 0) -> Path:
+    """A small causal cache built by the real generator (several shards of a few graphs)."""
+    from cachebuild.jobs import run_causal_build
+
+    overrides = [] if codec == "zstd" else [f'build.codec="{codec}"']
+    run_causal_build(None, overrides, {"graphs": graphs, "build.shard_mb": shard_mb, "seed": seed}, out, workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def causal_cache(tmp_path_factory) -> Path:
+    return build_causal(tmp_path_factory.mktemp("lcausal") / "cache")
+
+
+@pytest.fixture(scope="session")
+def causal_cache_raw(tmp_path_factory) -> Path:
+    return build_causal(tmp_path_factory.mktemp("lcausalraw") / "cache", codec="none")
+
+
+class Reference:
+    """Records read one by one with the format's own ShardReader (the ground truth)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.manifest = read_manifest(root)
+        self.starts = self.manifest.shard_starts()
+        self._readers: dict[int, ShardReader] = {}
+        self._fields = [(f.name, f.dtype) for f in self.manifest.fields]
+
+    def record(self, rid: int) -> dict[str, Any]:
+        s = int(np.searchsorted(self.starts, rid, side="right") - 1)
+        if s not in self._readers:
+            e = self.manifest.shards[s]
+            self._readers[s] = ShardReader(self.root / e.name, self.root / e.index, self._fields, self.manifest.codec, e.first_record)
+        return self._readers[s].read_record(int(rid - self.starts[s]))
+
+    def shard_of(self, rid: int) -> int:
+        return int(np.searchsorted(self.starts, rid, side="right") - 1)
+
+
+def padded(arr: np.ndarray, shape: tuple[int, ...], fill: float = 0, dtype: Any = None) -> np.ndarray:
+    """``arr`` zero-padded (or ``fill``-padded) to ``shape``."""
+    out = np.full(shape, fill, dtype=dtype or arr.dtype)
+    out[tuple(slice(0, n) for n in arr.shape)] = arr
+    return out
+
+
+def batches_equal(a: dict, b: dict) -> bool:
+    """Bit-for-bit equality of two batches (same keys, dtypes, shapes, bytes)."""
+    if list(a) != list(b):
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return False
+        if not np.array_equal(x.numpy().view(np.uint8), y.numpy().view(np.uint8)):
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_rank_main(rank: int, world: int, port: int, root: str, out_dir: str, runs: list[tuple[str, int, int, dict]]) -> None:
+    """One DDP rank (gloo on loopback): per run ``(view, batch_size, num_workers, options)``,
+    a training-style loop with an all_reduce per step.
+
+    Writes ``out_dir/rank{r}.json``: per run, the ids and pad flags of every batch, steps, len, state.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from loaders import ShardStream, make_loader
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    result: dict[str, Any] = {}
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+        for i, (view, batch_size, nw, options) in enumerate(runs):
+            t0 = time.perf_counter()
+            stream = ShardStream(root, view=view, batch_size=batch_size, shuffle=True, seed=3, **options)
+            # fork: a spawned rank's default start method is spawn, which re-imports torch per worker
+            loader = make_loader(stream, num_workers=nw, prefetch_factor=2, multiprocessing_context="fork" if nw else None)
+            loader.set_epoch(1)
+            seen = []
+            steps = 0
+            for batch in loader:
+                if view == "twins":
+                    graph = batch["ctx_record_id"][batch["graph_index"]] if "graph_index" in batch else batch["graph_id"]
+                    ids = torch.stack([graph, batch["int_index"], batch["row_index"]], 1)
+                else:
+                    ids = batch["record_id"]
+                seen.append((ids.tolist(), batch["is_pad"].tolist()))
+                t = torch.tensor([float(batch["is_pad"].logical_not().sum())])
+                dist.all_reduce(t)  # a rank with fewer steps would hang here
+                steps += 1
+            total = torch.tensor([float(sum(len(p) - sum(p) for _, p in seen))])
+            dist.all_reduce(total)
+            result[str(i)] = {"batches": seen, "steps": steps, "len": len(loader), "state": loader.state_dict(), "total": total.item(), "seconds": time.perf_counter() - t0}
+        dist.barrier()
+    except Exception:
+        result["error"] = traceback.format_exc()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def batch_digest(batch: dict) -> str:
+    """sha256 over a batch's keys, dtypes, shapes and bytes (compares batches across processes)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for k, v in batch.items():
+        h.update(f"{k}:{v.dtype}:{tuple(v.shape)}".encode())
+        h.update(v.numpy().tobytes())
+    return h.hexdigest()
+
+
+def resume_digests(root: str, state: dict, view: str, batch_size: int, num_workers: int, options: dict) -> list[str]:
+    """In a fresh process: load ``state`` into a new loader and digest the batches that remain."""
+    from loaders import ShardStream, make_loader
+
+    stream = ShardStream(root, view=view, batch_size=batch_size, seed=state["seed"], **options)
+    loader = make_loader(stream, num_workers=num_workers, prefetch_factor=2)
+    loader.load_state_dict(state)
+    loader.set_epoch(state["epoch"])
+    return [batch_digest(b) for b in loader]
+
+
+def resume_digests_to_queue(queue: Any, *args: Any) -> None:
+    """:func:`resume_digests` for a (non-daemonic) child process; the result or the error goes to ``queue``."""
+    try:
+        queue.put(resume_digests(*args))
+    except Exception:
+        queue.put(traceback.format_exc())
