@@ -24,7 +24,7 @@ key             shape, dtype           meaning
 each padded the same way). ``delta="computed"`` skips decompressing the stored
 ``delta`` and computes ``int - base`` in float32 instead (bit-identical for
 caches whose delta is defined so, as the causal generator's is; about 40% less
-zstd work).
+zstd work); ``"auto"`` (default) does so for causal caches.
 """
 
 from __future__ import annotations
@@ -38,12 +38,11 @@ from loaders.batch import Field, Layout
 from loaders.blockread import read_block
 from loaders.shards import ShardSet
 from loaders.plan import BatchItems
-from loaders.views.base import View, copy_repeats, field_layout, pad_mask, require_fields
+from loaders.views.base import View, copy_repeats, field_layout, pad_mask, require_fields, resolve_delta
 
-__all__ = ["GraphsView", "DEFAULT_GRAPH_FIELDS", "DELTA_MODES"]
+__all__ = ["GraphsView", "DEFAULT_GRAPH_FIELDS"]
 
 DEFAULT_GRAPH_FIELDS = ("adj", "base", "int", "delta", "targets", "values")
-DELTA_MODES = ("stored", "computed")
 
 
 class GraphsView(View):
@@ -51,10 +50,9 @@ class GraphsView(View):
 
     name = "graphs"
 
-    def __init__(self, manifest: Manifest, batch_size: int, fields: Sequence[str] = DEFAULT_GRAPH_FIELDS, delta: str = "stored"):
+    def __init__(self, manifest: Manifest, batch_size: int, fields: Sequence[str] = DEFAULT_GRAPH_FIELDS, delta: str = "auto"):
         super().__init__(manifest, batch_size)
-        if delta not in DELTA_MODES:
-            raise ValueError(f"delta must be one of {DELTA_MODES}, got {delta!r}")
+        delta = resolve_delta(manifest, delta)
         require_fields(manifest, ("adj", "targets"), self.name)
         require_fields(manifest, fields, self.name)
         if delta == "computed":

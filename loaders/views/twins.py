@@ -45,7 +45,8 @@ bool, ``ctx_n [G]`` int64, ``ctx_record_id [G]`` int64 (-1 in unused slots),
 it on the GPU (``base_samples = ctx_base[graph_index]``, ...).
 
 ``delta="computed"`` takes ``int_row - target_row`` (float32, bit-identical
-to the stored delta of a causal cache) instead of decompressing ``delta``.
+to the stored delta of a causal cache) instead of decompressing ``delta``;
+``"auto"`` (default) does so for causal caches, ``"stored"`` reads the field.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from loaders.batch import Field, Layout
 from loaders.blockread import read_block
 from loaders.shards import ShardSet
 from loaders.plan import BatchItems
-from loaders.views.base import ShapesFn, View, pad_mask, require_fields
+from loaders.views.base import ShapesFn, View, pad_mask, require_fields, resolve_delta
 
 __all__ = ["TwinsView", "expand_compact", "max_graphs_per_batch"]
 
@@ -79,10 +80,9 @@ class TwinsView(View):
 
     name = "twins"
 
-    def __init__(self, manifest: Manifest, batch_size: int, compact: bool = False, delta: str = "stored"):
+    def __init__(self, manifest: Manifest, batch_size: int, compact: bool = False, delta: str = "auto"):
         super().__init__(manifest, batch_size)
-        if delta not in ("stored", "computed"):
-            raise ValueError(f"delta must be 'stored' or 'computed', got {delta!r}")
+        delta = resolve_delta(manifest, delta)
         need = ["adj", "base", "int", "targets", "values"] + (["delta"] if delta == "stored" else [])
         require_fields(manifest, need, self.name)
         base = manifest.schema("base")
