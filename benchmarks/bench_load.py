@@ -142,6 +142,8 @@ def main() -> None:
                 opt = peers.litdata_prepare(caches["zstd"], args.root / f"litdata-{comp}", comp)
                 for w in (0, 2):
                     rec(f"litdata {comp or 'none'} w{w}", peers.litdata_rate(opt, w, 256, lim))
+                # LitData's default window decoding can stall with workers + shuffle: also its per-sample mode
+                rec(f"litdata {comp or 'none'} w2 batch_decode=False", peers.litdata_rate(opt, 2, 256, lim, batch_decode=False))
         except ImportError as exc:
             print(f"litdata not installed ({exc}); skipped")
     rec("on-the-fly vectorised w2", peers.onthefly_vectorised_rate(2, 256, lim))
