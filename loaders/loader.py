@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from loaders.batch import Batch, PackedBatch
+from loaders.handover import Handover
 from loaders.slots import SlotRings, register, unregister
 from loaders.stream import ShardStream
 
@@ -40,8 +41,10 @@ class StreamLoader(DataLoader):
     wrappers (a stall monitor, :func:`loaders.to_device`) compose around it.
     """
 
-    def __init__(self, stream: ShardStream, **kwargs: Any):
+    def __init__(self, stream: ShardStream, handover: int = 2, **kwargs: Any):
         self.stream = stream
+        self.handover = int(handover)
+        self._ahead: Handover | None = None
         super().__init__(stream.for_loader(), batch_size=None, **kwargs)
         self._lookahead = 0
         self._new_slots()
@@ -65,19 +68,31 @@ class StreamLoader(DataLoader):
         driven: ShardStream = self.dataset  # type: ignore[assignment]
         if self.num_workers > 0 and not self.persistent_workers:
             self._new_slots()
+        if self._ahead is not None:  # a pass left unfinished: its thread must let go of the workers first
+            self._ahead.close()
+            self._ahead = None
         driven.begin_pass()
         self._lookahead = 0
         return self._deliver(super().__iter__())
 
     def _deliver(self, it: Iterator[PackedBatch]) -> Iterator[Batch]:
         progress = self.stream._progress
+        ahead = Handover(it, PackedBatch.unpack, self.handover) if self.handover > 0 and self.num_workers > 0 else None
+        self._ahead = ahead
         try:
-            for packed in it:
+            # unpack: copied out of the worker's slot (already done when pinned); on the
+            # handover thread when there is one. Progress counts what the trainer receives.
+            for batch in ahead if ahead is not None else map(PackedBatch.unpack, it):
                 progress.advance()
-                yield packed.unpack()  # copied out of the worker's slot (already done when pinned)
+                yield batch
         except Exception:
+            if ahead is not None:
+                ahead.close()
             self._stop_workers(it)
             raise
+        finally:
+            if ahead is not None:
+                ahead.close()
 
     def _stop_workers(self, it: Iterator[PackedBatch]) -> None:
         """After a worker's error: stop the workers now (not at some later garbage collection, where
@@ -150,6 +165,7 @@ def make_loader(
     persistent_workers: bool = True,
     multiprocessing_context: Any = None,
     timeout: float = 0,
+    handover: int = 2,
     **dataloader_kwargs: Any,
 ) -> StreamLoader:
     """A :class:`StreamLoader` for ``dataset`` with defaults for streaming.
@@ -163,6 +179,9 @@ def make_loader(
         pin_memory: pin batches for fast, asynchronous copies
             (default: ``torch.cuda.is_available()``).
         persistent_workers: keep workers (open shards, cached plan) between epochs.
+        handover: batches a main-process thread receives from the workers ahead of
+            the trainer (default 2; 0: receive in the trainer's ``next()``), so the
+            ~1 ms hand-over per batch overlaps the training step (see :mod:`loaders.handover`).
         multiprocessing_context, timeout, **dataloader_kwargs: passed to DataLoader.
             The default start method is the process's own: in a rank started
             with ``torch.multiprocessing.spawn`` that is ``spawn``, which
@@ -182,4 +201,4 @@ def make_loader(
         prefetch = prefetch_factor or 2
         kwargs.update(prefetch_factor=prefetch, persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context)
         _check_shm(dataset, workers, prefetch)
-    return StreamLoader(dataset, **kwargs)
+    return StreamLoader(dataset, handover=handover, **kwargs)
