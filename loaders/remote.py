@@ -175,8 +175,11 @@ class LocalShardCache:
             return tmp
 
     def commit(self, tmp: Path, name: str) -> Path:
+        """Rename a finished download into place, under the lock: a concurrent
+        ``reserve`` listing the folder must see it under one of its two names."""
         final = self.folder / name
-        os.replace(tmp, final)
+        with self._locked():
+            os.replace(tmp, final)
         return final
 
 
@@ -245,6 +248,11 @@ class ShardFetcher:
         from cachebuild.format.index import INDEX_DTYPE, index_bytes
 
         return len(index_bytes(np.zeros((e.records, len(self.manifest.fields)), INDEX_DTYPE)))
+
+    def fetch_index(self, i: int) -> Path:
+        """Local path of shard ``i``'s index alone (views that need only shapes read no tar)."""
+        e = self.manifest.shards[i]
+        return self._download(e.index, self._index_size(i), e.index_sha256, {e.index} | self._keep_names())
 
     def _keep_names(self) -> set[str]:
         """The shard in use and the next ones to be used: never evicted by this process."""

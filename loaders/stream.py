@@ -8,6 +8,12 @@ memory-mapped shards, :mod:`loaders.blockread`) and the world (rank, worker,
 where the stream runs (a DataLoader worker, or the main process), so the
 DataLoader is used with ``batch_size=None``.
 
+The cache may be a local folder (or ``file://`` URL), or remote
+(``http(s)://``, ``s3://``, any fsspec URL): then every process fetches only
+the shards its own batches touch, in the order it touches them and a few
+ahead, into a bounded local cache directory (:mod:`loaders.remote`), and
+closes each shard's mapping once its batches are built.
+
 Progress (epoch, global position) lives in the main process's stream object;
 DataLoader workers receive the epoch, start position and world at the start
 of every pass through a small shared-memory block, which also reaches
@@ -28,7 +34,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from cachebuild.format.manifest import read_manifest
 from loaders.batch import Batch, Layout, PackedBatch
 from loaders.plan import DEFAULT_WINDOW, EpochPlan
-from loaders.shards import ShardSet, check_shard_files
+from loaders.remote import RemoteOptions, fetch_manifest, is_remote
+from loaders.shards import RemoteFiles, ShardSet, check_shard_files, local_path
 from loaders.slots import SlotRings
 from loaders.state import PlanConfig, cache_fingerprint, check_state, make_state
 from loaders.views import make_view
@@ -64,6 +71,49 @@ def _tune_worker_malloc() -> None:
 # Slots of the shared control block handed to DataLoader workers.
 _VALID, _EPOCH, _START, _RANK, _WORLD = range(5)
 
+# Remote caches: the fetcher is handed the shard order of this many batches at a time.
+_PLAN_CHUNK = 64
+
+
+def batch_shards(plan: EpochPlan, ids: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
+    """The shards (ascending) holding the records of each global batch in ``ids``, from the plan alone.
+
+    A batch holds the items at stream positions ``[b*B, (b+1)*B)`` (cyclic), i.e.
+    a contiguous (cyclic) range of records in epoch order: two searches per batch.
+    """
+    n, total, B = len(plan.order), plan.total, plan.batch_size
+    if not len(ids) or total < 1:
+        return []
+    shard_of = np.searchsorted(starts, plan.order, side="right") - 1  # shard of each epoch-order position
+    if B >= total:
+        every = np.unique(shard_of)
+        return [every] * len(ids)
+    ids = np.asarray(ids, dtype=np.int64)
+    a, z = (ids * B) % total, (ids * B + B - 1) % total
+    if plan.bounds is not None:  # item position -> record position
+        a = np.searchsorted(plan.bounds, a, side="right") - 1
+        z = np.searchsorted(plan.bounds, z, side="right") - 1
+    out = []
+    for lo, hi in zip(a.tolist(), z.tolist()):
+        part = shard_of[lo : hi + 1] if lo <= hi else np.concatenate([shard_of[lo:n], shard_of[: hi + 1]])
+        out.append(np.unique(part))
+    return out
+
+
+def shard_schedule(per_batch: list[np.ndarray]) -> tuple[list[list[int]], list[list[int]]]:
+    """Per batch: the shards opened before building it, and those closed after (not needed by the next batch)."""
+    sets = [s.tolist() for s in per_batch]
+    opens, closes = [], []
+    live: set[int] = set()
+    for k, shards in enumerate(sets):
+        opens.append([s for s in shards if s not in live])
+        live.update(shards)
+        nxt = set(sets[k + 1]) if k + 1 < len(sets) else set()
+        done = sorted(live - nxt)
+        live -= set(done)
+        closes.append(done)
+    return opens, closes
+
 
 class _Progress:
     """Main-process bookkeeping: the epoch and the global batches of it the trainer consumed."""
@@ -96,7 +146,8 @@ class ShardStream(IterableDataset):
     """Fixed-shape batches of a cache, planned per epoch, split across ranks and workers.
 
     Args:
-        root: cache directory (holds ``manifest.json``).
+        root: cache directory (holds ``manifest.json``), a ``file://`` URL, or a remote
+            cache URL: ``http(s)://...`` or any fsspec URL (``s3://bucket/prefix``).
         view: ``"records"`` (any cache), ``"graphs"``, ``"twins"`` (causal), or a
             name added with :func:`loaders.views.register_view`.
         batch_size: rows per batch (graphs, twin rows, records).
@@ -105,6 +156,9 @@ class ShardStream(IterableDataset):
         window: shards per shuffle window (``None``: one window, a full shuffle).
         drop_last: drop the epoch's remainder instead of padding it with flagged repeats.
         rank, world_size: override what ``torch.distributed`` says.
+        remote: how to read a remote ``root`` (local cache folder and its size limit,
+            prefetch, timeouts, retries, fsspec storage options); default
+            :class:`loaders.remote.RemoteOptions()`. Ignored for local caches.
         verify: ``"size"`` or ``"crc"`` (see :data:`loaders.blockread.VERIFY_MODES`).
         decode_threads: zstd threads when iterating in the main process
             (default: up to 4); DataLoader workers always use 1.
@@ -129,6 +183,7 @@ class ShardStream(IterableDataset):
         world_size: int | None = None,
         verify: str = "size",
         decode_threads: int | None = None,
+        remote: RemoteOptions | None = None,
         **view_options: Any,
     ):
         super().__init__()
@@ -136,14 +191,21 @@ class ShardStream(IterableDataset):
             raise ValueError(f"seed must be >= 0, got {seed}")
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 shards or None, got {window}")
-        self.root = Path(root)
-        self.manifest = read_manifest(self.root)
-        check_shard_files(self.manifest, self.root)
+        self.remote: RemoteOptions | None = None
+        self.root: Path | str
+        if is_remote(root):
+            self.root = str(root).rstrip("/")
+            self.remote = remote if remote is not None else RemoteOptions()
+            self.manifest = fetch_manifest(self.root, self.remote)  # shards: sizes and sha256 checked on arrival
+        else:
+            self.root = local_path(root)
+            self.manifest = read_manifest(self.root)
+            check_shard_files(self.manifest, self.root)
         self.view = make_view(view, self.manifest, batch_size, **view_options)
         self.config = PlanConfig(view, batch_size, shuffle, seed, window, drop_last, self.view.options())
         self.fingerprint = cache_fingerprint(self.manifest)
         self.verify = verify
-        probe = ShardSet(self.manifest, self.root, verify)
+        probe = self._new_shard_set()  # views that need shapes read the indexes only
         try:
             self.items_per_record = self.view.bind(probe.field_shapes)
         finally:
@@ -245,16 +307,26 @@ class ShardStream(IterableDataset):
         rings = self.slot_rings if in_worker and self._emit_packed else None
         return self._batches(plan, ids, shared=in_worker, count=count, rings=rings, worker=wid)
 
+    def _new_shard_set(self) -> ShardSet:
+        locator = RemoteFiles(str(self.root), self.manifest, self.remote) if self.remote is not None else None
+        return ShardSet(self.manifest, self.root, self.verify, locator=locator)
+
     def _shards(self) -> ShardSet:
         if self._reader is None or self._reader_pid != os.getpid():
-            self._reader = ShardSet(self.manifest, self.root, self.verify)
+            self._reader = self._new_shard_set()  # a fork's child opens (and fetches with) its own
             self._reader_pid = os.getpid()
         return self._reader
 
     def _batches(self, plan: EpochPlan, ids: np.ndarray, shared: bool, count: bool, rings: SlotRings | None = None, worker: int = 0) -> Iterator[Any]:
         shards = self._shards()
         threads = 1 if shared else (self._decode_threads or min(4, os.cpu_count() or 1))
-        for b in ids.tolist():
+        opens = closes = None
+        if self.remote is not None:  # fetch this process's shards in order of use; close each after its last batch
+            shards.release()  # anything a pass left open (an aborted pass, batch())
+            opens, closes = shard_schedule(batch_shards(plan, ids, shards.starts))
+        for k, b in enumerate(ids.tolist()):
+            if opens is not None and k % _PLAN_CHUNK == 0:
+                shards.locator.plan([s for part in opens[k : k + 2 * _PLAN_CHUNK] for s in part])
             self.view.decode_threads = threads
             slot = rings.acquire(worker) if rings is not None else None
             try:
@@ -264,6 +336,8 @@ class ShardStream(IterableDataset):
                 if slot is not None:  # nothing was sent: the slot is free again
                     rings.release(worker, slot[1].slot)
                 raise
+            if closes is not None:
+                shards.release(closes[k])
             packed = PackedBatch(buf, self._spec, slot[1] if slot is not None else None)
             if count:
                 self._progress.advance()

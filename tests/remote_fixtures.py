@@ -1,24 +1,45 @@
-"""A real HTTP server on 127.0.0.1 serving a folder, for remote-cache tests."""
+"""Remote-cache test helpers: a real HTTP server on 127.0.0.1 serving a folder, a moto S3
+server on 127.0.0.1, and the body of a DDP rank that streams a remote cache.
+
+The rank body lives here so that ``torch.multiprocessing.spawn`` children can import it.
+"""
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import socket
+import subprocess
+import sys
 import threading
+import time
+import traceback
 from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
+    requests: list[str] | None = None
+
     def log_message(self, *args) -> None:  # keep test output clean
         pass
 
+    def do_GET(self) -> None:
+        if self.requests is not None:
+            self.requests.append(self.path)
+        super().do_GET()
+
 
 @contextmanager
-def serve_folder(folder: Path) -> Iterator[tuple[str, ThreadingHTTPServer]]:
-    """Serve ``folder`` over HTTP on a free loopback port; yields (base URL, server)."""
-    handler = functools.partial(_QuietHandler, directory=str(folder))
+def serve_folder(folder: Path, requests: list[str] | None = None) -> Iterator[tuple[str, ThreadingHTTPServer]]:
+    """Serve ``folder`` over HTTP on a free loopback port; yields (base URL, server).
+
+    ``requests``: a list the server appends each GET's path to (what was fetched).
+    """
+    handler = functools.partial(type("_Handler", (_QuietHandler,), {"requests": requests}), directory=str(folder))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -28,3 +49,77 @@ def serve_folder(folder: Path) -> Iterator[tuple[str, ThreadingHTTPServer]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def moto_s3(bucket: str = "cachebuild-test") -> Iterator[tuple[Any, dict]]:
+    """A moto S3 server on 127.0.0.1 with ``bucket``; yields (s3fs filesystem, its storage options).
+
+    The options are explicit (key, secret, endpoint) so that worker processes need no environment.
+    """
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        import s3fs
+
+        options = {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": url, "region_name": "us-east-1"}}
+        fs = s3fs.S3FileSystem(**options)
+        fs.call_s3("create_bucket", Bucket=bucket)  # (fs.mkdir would send us-east-1 as a location constraint)
+        fs.invalidate_cache()
+        yield fs, options
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def remote_rank_main(rank: int, world: int, port: int, url: str, out_dir: str, remote: Any, batch_size: int, num_workers: int) -> None:
+    """One DDP rank (gloo on loopback) streaming the remote cache ``url`` (graphs view, epoch 1),
+    with an all_reduce per step. Writes ``out_dir/rank{r}.json``: ids, pad flags and digest of every batch, steps, len."""
+    import datetime
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+
+    from loaders import ShardStream, make_loader
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    result: dict[str, Any] = {}
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+        stream = ShardStream(url, view="graphs", batch_size=batch_size, shuffle=True, seed=3, remote=remote)
+        # fork: a spawned rank's default start method is spawn, which re-imports torch per worker
+        loader = make_loader(stream, num_workers=num_workers, prefetch_factor=2, multiprocessing_context="fork" if num_workers else None)
+        loader.set_epoch(1)
+        batches, steps = [], 0
+        for batch in loader:
+            h = hashlib.sha256()
+            for k, v in batch.items():
+                h.update(f"{k}:{v.dtype}:{tuple(v.shape)}".encode())
+                h.update(v.numpy().tobytes())
+            batches.append((batch["record_id"].tolist(), batch["is_pad"].tolist(), h.hexdigest()))
+            t = torch.tensor([float(batch["is_pad"].logical_not().sum())])
+            dist.all_reduce(t)  # a rank with fewer steps would hang here
+            steps += 1
+        result = {"batches": batches, "steps": steps, "len": len(loader)}
+        dist.barrier()
+    except Exception:
+        result["error"] = traceback.format_exc()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
