@@ -25,6 +25,7 @@ JSON_DTYPE = "json"
 _FLUSH_BYTES = 8 << 20
 _ONES = (1,) * MAX_NDIM
 _ZEROS = bytes(512)
+_IOV_MAX = 1024
 
 
 def record_key(record_id: int) -> str:
@@ -77,6 +78,7 @@ class ShardWriter:
         self.fields = list(fields)
         self.codec = codec
         self.first_record = first_record
+        self._specs = [(f, d, member_name("", f, d, codec)) for f, d in self.fields]
         self._cctx = codec.compressor()
         self._final = self.folder / name
         self._tmp = tmp_name(self._final)
@@ -103,16 +105,18 @@ class ShardWriter:
             missing = sorted({f for f, _ in self.fields} - set(record))
             raise ValueError(f"record fields do not match the schema: missing {missing}, unexpected {extra}")
         key = record_key(self.first_record + self._count)
-        rows = self._rows
-        for field, dtype in self.fields:
+        rows, pending, cctx = self._rows, self._pending, self._cctx
+        pos, added, raw_total = self._pos, 0, 0
+        for field, dtype, suffix in self._specs:
             value = record[field]
             if dtype == JSON_DTYPE:
                 raw = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
                 nbytes, shape = len(raw), ()
             else:
                 arr = value
-                if arr.dtype != dtype:
-                    raise ValueError(f"field '{field}' of record {key}: expected {dtype} array, got {arr.dtype}")
+                if getattr(arr, "dtype", None) != dtype:
+                    got = getattr(arr, "dtype", type(arr).__name__)
+                    raise ValueError(f"field '{field}' of record {key}: expected {dtype} array, got {got}")
                 if arr.ndim > MAX_NDIM:
                     raise ValueError(f"field '{field}' of record {key}: {arr.ndim} dims > {MAX_NDIM}")
                 if not arr.flags.c_contiguous:
@@ -120,39 +124,47 @@ class ShardWriter:
                 shape = arr.shape
                 nbytes = arr.nbytes
                 raw = b"".join((npy_header(arr), arr.data))
-            payload = raw if self._cctx is None else self._cctx.compress(raw)
+            payload = raw if cctx is None else cctx.compress(raw)
             size = len(payload)
-            self._emit(tar_header(member_name(key, field, dtype, self.codec), size))
-            rows.append((self._pos, size, nbytes, zlib.crc32(payload) if self._cctx is None else 0, len(shape), shape + _ONES[len(shape) :]))
-            self._emit(payload)
             pad = (-size) % 512
+            pending.append(tar_header(key + suffix, size))
+            pending.append(payload)
             if pad:
-                self._emit(_ZEROS[:pad])
-            self._raw_bytes += len(raw)
+                pending.append(_ZEROS[:pad])
+            rows.append((pos + 512, size, nbytes, zlib.crc32(payload) if cctx is None else 0, len(shape), shape + _ONES[len(shape) :]))
+            step = 512 + size + pad
+            pos += step
+            added += step
+            raw_total += len(raw)
+        self._pos = pos
+        self._raw_bytes += raw_total
+        self._pending_bytes += added
         self._count += 1
-
-    def _emit(self, chunk: bytes) -> None:
-        if not chunk:
-            return
-        self._pending.append(chunk)
-        self._pending_bytes += len(chunk)
-        self._pos += len(chunk)
         if self._pending_bytes >= _FLUSH_BYTES:
             self._flush()
 
     def _flush(self) -> None:
-        data = b"".join(self._pending)
-        self._pending.clear()
+        """Hash and write the pending chunks (vectored writes, no joining copy)."""
+        chunks, self._pending = self._pending, []
         self._pending_bytes = 0
-        self._sha.update(data)
+        update = self._sha.update
+        for c in chunks:
+            update(c)
+        fd = self._fh.fileno()
         try:
-            self._fh.write(data)
+            for i in range(0, len(chunks), _IOV_MAX):
+                group = chunks[i : i + _IOV_MAX]
+                want = sum(map(len, group))
+                done = os.writev(fd, group)
+                if done != want:  # short write: finish the rest plainly
+                    self._fh.write(b"".join(group)[done:])
         except OSError as exc:
             raise output_error(self._final, exc) from exc
 
     def close(self, sync: bool = True) -> WrittenShard:
         """Finish the tar, write the index, sync both and rename them into place."""
-        self._emit(END_OF_ARCHIVE)
+        self._pending.append(END_OF_ARCHIVE)
+        self._pos += len(END_OF_ARCHIVE)
         self._flush()
         index = np.array(self._rows, dtype=INDEX_DTYPE).reshape(self._count, len(self.fields))
         idx_data = index_bytes(index)
