@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import read_manifest
 from loaders.batch import Batch, Layout, PackedBatch
 from loaders.plan import DEFAULT_WINDOW, EpochPlan
@@ -42,31 +43,6 @@ from loaders.views import make_view
 from loaders.world import World, detect_ranks, worker_part
 
 __all__ = ["ShardStream"]
-
-_MALLOC_TUNED = False
-
-
-def _tune_worker_malloc() -> None:
-    """In a DataLoader worker (a process the loader owns): keep large buffers on glibc's heap.
-
-    zstd's output buffers are tens of MB per batch; by default glibc maps each
-    afresh, so every batch pays page faults and zeroing in the kernel (about as
-    much time as decoding). A higher mmap/trim threshold lets the heap reuse
-    them. No effect where glibc is absent.
-    """
-    global _MALLOC_TUNED
-    if _MALLOC_TUNED:
-        return
-    _MALLOC_TUNED = True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 512 << 20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
 
 # Slots of the shared control block handed to DataLoader workers.
 _VALID, _EPOCH, _START, _RANK, _WORLD = range(5)
@@ -303,7 +279,7 @@ class ShardStream(IterableDataset):
         plan = self.plan(epoch)
         ids = plan.rank_batches(world.world_size, world.rank, start)[world.worker :: world.num_workers]
         if in_worker:
-            _tune_worker_malloc()
+            tune_malloc()  # a DataLoader worker: a process the loader owns
         rings = self.slot_rings if in_worker and self._emit_packed else None
         return self._batches(plan, ids, shared=in_worker, count=count, rings=rings, worker=wid)
 

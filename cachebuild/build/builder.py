@@ -29,6 +29,7 @@ from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
 from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.codec import Codec
 from cachebuild.format.index import INDEX_DTYPE
+from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
 from cachebuild.format.shard_writer import ShardWriter, WrittenShard, index_name
 
@@ -169,8 +170,10 @@ def _prepare_out(out: Output, fingerprint: str, overwrite: bool) -> bool:
     return False
 
 
-def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, codec: Codec, fingerprint: str, sync: bool) -> WrittenShard:
+def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, codec: Codec, fingerprint: str, sync: bool, own_process: bool) -> WrittenShard:
     """Make one shard from scratch, publish it, then mark it done (runs in a worker)."""
+    if own_process:
+        tune_malloc()  # a build worker process, not the caller's
     writer = ShardWriter(out.staging(), spec.name, source.fields(), codec, first_record=spec.start)
     try:
         for block in source.blocks(seed, spec.index, spec.start, spec.stop):
@@ -221,7 +224,8 @@ def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records")
     bar.update(sum(s.records for s in done.values()))
     built_raw = 0
     try:
-        args = (source, opts.seed, out, opts.codec, fingerprint, opts.sync)
+        own_process = opts.backend != "threading" and not (opts.backend == "loky" and min(opts.workers or os.cpu_count() or 1, len(todo)) <= 1)
+        args = (source, opts.seed, out, opts.codec, fingerprint, opts.sync, own_process)
         for shard in run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address):
             done[_index_of(shard)] = shard
             built_raw += shard.raw_bytes
