@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cachebuild.build import BuildOptions, BuildSummary, build_cache
-from cachebuild.recipes import load_recipe
+from cachebuild.recipes import Recipe, load_recipe
 
 __all__ = ["run_causal_build", "run_mel_build", "DEFAULT_GRAPHS"]
 
@@ -15,6 +15,22 @@ DEFAULT_GRAPHS = 10_000
 # Mel float16 compresses ~1.3x, tar framing eats most of that, and zstd halves the
 # loader's segments/s per core (benchmarks/RESULTS.md, bench_mel): raw by default.
 MEL_DEFAULT_CODEC = "none"
+
+
+def _options(recipe: Recipe, out: str | Path, records: int, workers: int | None, backend: str, address: str | None, overwrite: bool, progress: bool) -> BuildOptions:
+    """Build options from a parsed recipe plus the command line's run settings."""
+    return BuildOptions(
+        out=out,
+        records=records,
+        seed=recipe.seed,
+        codec=recipe.codec,
+        shard_bytes=recipe.shard_bytes,
+        workers=workers or recipe.workers,
+        backend=backend,
+        address=address,
+        overwrite=overwrite,
+        progress=progress,
+    )
 
 
 def run_causal_build(
@@ -34,18 +50,7 @@ def run_causal_build(
 
     recipe = load_recipe(config_path, overrides, values, count_key="graphs")
     cfg = parse_causal_config(recipe.table)
-    opts = BuildOptions(
-        out=out,
-        records=recipe.count or DEFAULT_GRAPHS,
-        seed=recipe.seed,
-        codec=recipe.codec,
-        shard_bytes=recipe.shard_bytes,
-        workers=workers or recipe.workers,
-        backend=backend,
-        address=address,
-        overwrite=overwrite,
-        progress=progress,
-    )
+    opts = _options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress)
     return build_cache(CausalSource(cfg), opts, unit="graphs")
 
 
@@ -85,16 +90,5 @@ def run_mel_build(
         source = SyntheticSource(synthetic, cfg, recipe.seed)
     if len(source) == 0:
         raise ConfigError(f"the source has no usable audio files: {source.describe().get('path')}")
-    opts = BuildOptions(
-        out=out,
-        records=len(source),
-        seed=recipe.seed,
-        codec=recipe.codec,
-        shard_bytes=recipe.shard_bytes,
-        workers=workers or recipe.workers,
-        backend=backend,
-        address=address,
-        overwrite=overwrite,
-        progress=progress,
-    )
+    opts = _options(recipe, out, len(source), workers, backend, address, overwrite, progress)
     return build_cache(MelBuildSource(cfg, source), opts, unit="files")
