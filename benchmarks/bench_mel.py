@@ -212,20 +212,12 @@ def litdata_rates(cache: Path, work: Path, batch: int, limit_s: float) -> tuple[
 
 
 # --------------------------------------------------------------------------- file-level evaluation
-class SmallCNN(nn.Module):
-    """A small leak detector over one segment ``[.., M, T]``: two 1-D convolutions along mel bins (t = 1)."""
+def SmallCNN() -> nn.Module:
+    """The example trainer's leak detector (examples/train_mel.py), narrow: two 1-D convolutions along mel bins."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from train_mel import MelCNN
 
-    def __init__(self, width: int = 16):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv1d(1, width // 2, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
-            nn.Conv1d(width // 2, width, 5, padding=2), nn.ReLU(), nn.AdaptiveAvgPool1d(1),
-            nn.Flatten(), nn.Linear(width, 1),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[N, 1, M, T]`` (any float dtype, dB) -> leak logits ``[N]``."""
-        return self.net(x.reshape(x.shape[0], 1, -1).float() / 50.0).squeeze(-1)
+    return MelCNN(width=16)
 
 
 def eval_batched(cache: Path, model: nn.Module, files_per_batch: int, workers: int, limit_s: float) -> dict[str, float]:
