@@ -35,6 +35,7 @@ from _results import append  # noqa: E402
 from cachebuild.format import load_index, read_manifest  # noqa: E402
 from cachebuild.jobs import run_causal_build  # noqa: E402
 from loaders import ShardStream, make_loader  # noqa: E402
+from loaders.loader import shutdown_workers  # noqa: E402
 
 
 class RssWatch:
@@ -98,13 +99,13 @@ def resume_time(cache: Path, workers: int) -> float:
     for _ in range(max(1, min(10, len(a) // 2))):
         next(it)
     state = a.state_dict()
-    peers._close(a)
+    shutdown_workers(a)
     t = time.perf_counter()
     b = make_loader(ShardStream(cache, view="graphs", batch_size=256, seed=0), num_workers=workers)
     b.load_state_dict(state)
     next(iter(b))
     dt = time.perf_counter() - t
-    peers._close(b)
+    shutdown_workers(b)
     return dt
 
 

@@ -63,6 +63,7 @@ import loaders.views.mel  # noqa: E402,F401  (registers the mel views)
 from cachebuild.jobs import run_mel_build  # noqa: E402
 from cachebuild.mel import MelConfig  # noqa: E402
 from loaders import ShardStream, make_loader  # noqa: E402
+from loaders.loader import shutdown_workers  # noqa: E402
 from loaders.mel_eval import file_votes  # noqa: E402
 
 L, S, M, T = 40, 2, 64, 1
@@ -122,14 +123,6 @@ class _Restarting:
             return next(self.it)
 
 
-def _close(loader: Any) -> None:
-    it = getattr(loader, "_iterator", None)
-    if it is not None and hasattr(it, "_shutdown_workers"):
-        it._shutdown_workers()
-    if hasattr(loader, "_iterator"):
-        loader._iterator = None
-
-
 def measure(make: Callable[[], Iterable], count: Callable[[Any], int], limit_s: float, warmup: int) -> dict[str, float]:
     """``{items_per_s, first_batch_s, batches}``: first batch from loader creation, then the rate after warm-up."""
     t0 = time.perf_counter()
@@ -147,7 +140,7 @@ def measure(make: Callable[[], Iterable], count: Callable[[Any], int], limit_s: 
             steps += 1
         return {"items_per_s": items / (time.perf_counter() - t1), "first_batch_s": first, "batches": steps}
     finally:
-        _close(loader)
+        shutdown_workers(loader)
 
 
 def ours_rate(cache: Path, workers: int, batch: int, limit_s: float) -> dict[str, float]:

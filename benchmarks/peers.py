@@ -48,6 +48,7 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cachebuild.format import Manifest, ShardReader, read_manifest  # noqa: E402
+from loaders.loader import shutdown_workers  # noqa: E402
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # no PyPI request from litdata.optimize
 
@@ -136,16 +137,7 @@ def _measure(
     try:
         return _measure_loader(loader, count, limit_s, warmup_batches, t0)
     finally:
-        _close(loader)
-
-
-def _close(loader: Iterable) -> None:
-    """Stop a DataLoader's (persistent) workers now, not at garbage collection in a forked child."""
-    it = getattr(loader, "_iterator", None)
-    if it is not None and hasattr(it, "_shutdown_workers"):
-        it._shutdown_workers()
-    if hasattr(loader, "_iterator"):
-        loader._iterator = None
+        shutdown_workers(loader)
 
 
 def _measure_loader(loader: Iterable, count: Callable, limit_s: float, warmup_batches: int, t0: float) -> dict[str, float]:

@@ -210,14 +210,6 @@ def _drain(
     return summary, done
 
 
-def _shutdown(loader: Any) -> None:
-    it = getattr(loader, "_iterator", None)
-    if it is not None and hasattr(it, "_shutdown_workers"):
-        it._shutdown_workers()
-    if hasattr(loader, "_iterator"):
-        loader._iterator = None
-
-
 def _decoded_bytes_per_record(stream: Any, fields: list[str]) -> float:
     """Mean decoded array bytes per record of ``fields`` (from the indexes)."""
     from loaders.shards import ShardSet
@@ -412,6 +404,7 @@ def run_bench(
 
     from cachebuild.format.manifest import read_manifest
     from loaders import ShardStream, make_loader, to_device
+    from loaders.loader import shutdown_workers
 
     if workers < 0:
         raise ConfigError(f"--workers must be >= 0, got {workers}")
@@ -477,7 +470,7 @@ def run_bench(
     try:
         summary, done = _drain(make, count, consume, seconds, batches)
     finally:
-        _shutdown(loader)
+        shutdown_workers(loader)
     first_total = (summary.first_batch_s or 0.0) + created_s
     samples_per_s = summary.samples_per_s or 0.0
     records_per_s = samples_per_s * records_per_item
@@ -521,6 +514,8 @@ def _view_fields(stream: Any) -> list[str]:
 
 def _compare(stream: Any, manifest: Any, batch_size: int, items_per_record: float, workers: int,
              consume: Callable[[Any], None] | None, seconds: float | None, batches: int | None) -> dict[str, Any]:
+    from loaders.loader import shutdown_workers
+
     batch_records = max(1, round(batch_size / max(items_per_record, 1e-9)))
     names = [s.name for s in manifest.shards]
     loader = webdataset_batches(stream.root, names, batch_records, workers)
@@ -534,7 +529,7 @@ def _compare(stream: Any, manifest: Any, batch_size: int, items_per_record: floa
     try:
         summary, done = _drain(lambda epoch: loader, count, consume, seconds, batches)
     finally:
-        _shutdown(loader)
+        shutdown_workers(loader)
     rps = summary.samples_per_s or 0.0
     per_record = state["bytes"] / max(1, state["records"])
     return {

@@ -23,7 +23,7 @@ from loaders.handover import Handover
 from loaders.slots import SlotRings, register, unregister
 from loaders.stream import ShardStream
 
-__all__ = ["StreamLoader", "make_loader", "default_workers", "SHM_PATH"]
+__all__ = ["StreamLoader", "make_loader", "default_workers", "shutdown_workers", "SHM_PATH"]
 
 SHM_PATH = "/dev/shm"
 
@@ -131,6 +131,16 @@ class StreamLoader(DataLoader):
 
     def __len__(self) -> int:
         return len(self.stream)
+
+
+def shutdown_workers(loader: Any) -> None:
+    """Stop a DataLoader's (persistent) workers now, not at some later garbage collection
+    (where torch's shutdown can wait seconds per worker, or run in a forked child)."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    if hasattr(loader, "_iterator"):
+        loader._iterator = None
 
 
 def shm_free_bytes(path: str = SHM_PATH) -> int | None:
