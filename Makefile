@@ -6,12 +6,13 @@ CACHE  ?= cache/causal
 DST    ?=
 GRAPHS ?= 5000
 
-.PHONY: help venv demo test test-fast bench bench-deps ramdisk-stage ramdisk-clean clean
+.PHONY: help venv demo test test-fast bench bench-deps gpu-check ramdisk-stage ramdisk-clean clean
 
 help:
 	@echo "make demo            venv + install + build a small causal cache ($(GRAPHS) graphs) + verify + inspect"
 	@echo "make test            venv + install + the test suite"
 	@echo "make bench           every benchmark, peers included (appends to benchmarks/RESULTS.md; ~20 min)"
+	@echo "make gpu-check       on a CUDA machine: the gpu tests + benchmarks/bench_gpu.py -> benchmarks/gpu-check/gpu-check.md"
 	@echo "make ramdisk-stage   copy CACHE=$(CACHE) into /dev/shm/cachebuild/<name> and verify it"
 	@echo "make ramdisk-clean   remove the staged copy"
 
@@ -49,6 +50,10 @@ bench: bench-deps
 	$(BIN)/python benchmarks/bench_mel.py
 	$(BIN)/python benchmarks/bench_feed.py
 	$(BIN)/python benchmarks/bench_remote.py
+
+# No venv here: a GPU machine brings its own CUDA build of torch (GPU_PY=python3); see benchmarks/gpu_check.sh.
+gpu-check:
+	bash benchmarks/gpu_check.sh
 
 ramdisk-stage: venv
 	$(BIN)/cachebuild stage $(CACHE) $(DST)

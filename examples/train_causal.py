@@ -86,6 +86,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--baseline", action="store_true", help="feed the model with the users' on-the-fly pipeline instead")
+    ap.add_argument("--seconds", type=float, default=None, help="stop after this much wall time (whichever of --steps/--seconds comes first)")
+    ap.add_argument("--sync-cuda", action="store_true",
+                    help="synchronise CUDA after every step (exact per-step wait, but the GPU idles while the next step is launched)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON too")
     args = ap.parse_args()
 
@@ -94,7 +97,7 @@ def main() -> None:
     n, batches = (batches_baseline if args.baseline else batches_ours)(args, device)
     model = TwinMLP(n, args.hidden).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    monitor = StallMonitor(batch_size=lambda b: int(b[0].shape[0]), sync_cuda=device.type == "cuda")
+    monitor = StallMonitor(batch_size=lambda b: int(b[0].shape[0]), sync_cuda=args.sync_cuda, sample_every_s=0.2)
     t0 = time.perf_counter()
     loss_v = float("nan")
     for step, (row, mask, value, ctx, delta, keep) in enumerate(monitor.wrap(batches)):
@@ -106,7 +109,7 @@ def main() -> None:
         if step % 50 == 0:
             loss_v = float(loss.detach())
             print(f"step {step:5d}  loss {loss_v:.4f}", flush=True)
-        if step + 1 >= args.steps:
+        if step + 1 >= args.steps or (args.seconds is not None and time.perf_counter() - t0 >= args.seconds):
             break
     summary = monitor.summary()
     monitor.close()

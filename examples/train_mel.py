@@ -171,6 +171,39 @@ def evaluate_baseline(args, model, device, state: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- training
+def train_step(model, opt, x, y, keep, loss_v: float, i: int, label: str) -> float:
+    """One optimiser step on a batch; prints (and syncs for) the loss every 50 steps."""
+    logits = model(x)
+    loss = (nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none") * keep).sum() / keep.sum().clamp(min=1)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if i % 50 == 0:
+        loss_v = float(loss.detach())
+        print(f"{label}  loss {loss_v:.4f}", flush=True)
+    return loss_v
+
+
+def train_for(args, model, opt, device, feed, title: str, state: dict, t0: float) -> dict:
+    """``--seconds``: epoch after epoch under one stall monitor until the time is up; the summary."""
+
+    def chained():
+        for epoch in range(10**9):
+            yield from feed(args, device, epoch, state)
+
+    monitor = StallMonitor(batch_size=lambda b: int(b[0].shape[0]), sync_cuda=args.sync_cuda, sample_every_s=0.2)
+    loss_v = float("nan")
+    it = monitor.wrap(chained())
+    for i, (x, y, keep) in enumerate(it):
+        loss_v = train_step(model, opt, x, y, keep, loss_v, i, f"step {i:5d}")
+        if time.perf_counter() - t0 >= args.seconds or (args.steps is not None and i + 1 >= args.steps):
+            break
+    it.close()
+    summary = monitor.summary()
+    monitor.close()
+    return print_summary(f"{title} on {device}, {args.seconds:g} s", summary, {"final_loss": loss_v, "total_s": time.perf_counter() - t0})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", default="cache/mel-demo", help="mel cache (cachebuild mel --synthetic 500 --out cache/mel-demo)")
@@ -187,6 +220,10 @@ def main() -> None:
     ap.add_argument("--h5", default=None, help="--baseline: the users' HDF5 file (default: written from --cache, else synthetic)")
     ap.add_argument("--synthetic-files", type=int, default=500, help="--baseline without --h5 and without a cache: files to synthesise")
     ap.add_argument("--no-eval", action="store_true", help="skip the file-level evaluation")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="train for this much wall time, epochs chained under one monitor, no evaluation (a benchmark mode)")
+    ap.add_argument("--sync-cuda", action="store_true",
+                    help="synchronise CUDA after every step (exact per-step wait, but the GPU idles while the next step is launched)")
     ap.add_argument("--json", action="store_true", help="print the last summary as JSON too")
     args = ap.parse_args()
 
@@ -199,20 +236,13 @@ def main() -> None:
     state: dict = {}
     t0 = time.perf_counter()
     d: dict = {}
-    step = 0
-    for epoch in range(args.epochs):
-        monitor = StallMonitor(batch_size=lambda b: int(b[0].shape[0]), sync_cuda=device.type == "cuda")
+    if args.seconds is not None:  # epochs chained under one monitor, stopped by the clock
+        d = train_for(args, model, opt, device, feed, title, state, t0)
+    for epoch in range(args.epochs if args.seconds is None else 0):
+        monitor = StallMonitor(batch_size=lambda b: int(b[0].shape[0]), sync_cuda=args.sync_cuda, sample_every_s=0.2)
         loss_v = float("nan")
         for i, (x, y, keep) in enumerate(monitor.wrap(feed(args, device, epoch, state))):
-            logits = model(x)
-            loss = (nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none") * keep).sum() / keep.sum().clamp(min=1)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step += 1
-            if i % 50 == 0:
-                loss_v = float(loss.detach())
-                print(f"epoch {epoch} step {i:5d}  loss {loss_v:.4f}", flush=True)
+            loss_v = train_step(model, opt, x, y, keep, loss_v, i, f"epoch {epoch} step {i:5d}")
             if args.steps is not None and i + 1 >= args.steps:
                 break
         summary = monitor.summary()
