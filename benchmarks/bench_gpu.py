@@ -284,8 +284,8 @@ def trainers(caches: dict[str, Path], workers: list[int], seconds: float, out_di
                     res[key] = {"error": str(exc)[-800:]}
                     log(f"{key}: FAILED {str(exc)[-300:]}")
                     continue
-                res[key] = {k: d.get(k) for k in ("steps", "samples_per_s", "wait_fraction", "gpu_util_mean", "wait_p95_ms", "first_batch_s", "cpu_percent", "process_s")}
-                log(f"{key}: wait {d.get('wait_fraction')}, gpu util {d.get('gpu_util_mean')}, samples/s {d.get('samples_per_s')}")
+                res[key] = {"batch": batch, **{k: d.get(k) for k in ("steps", "samples_per_s", "wait_fraction", "gpu_idle_fraction", "gpu_idle_ms_per_step", "gpu_util_mean", "wait_p95_ms", "first_batch_s", "cpu_percent", "process_s")}}
+                log(f"{key}: wait {d.get('wait_fraction')}, gpu idle {d.get('gpu_idle_fraction')}, gpu util {d.get('gpu_util_mean')}, samples/s {d.get('samples_per_s')}")
     return res
 
 
@@ -353,7 +353,10 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
         elif "error" in d:
             rows.append((key, "FAILED: " + d["error"].splitlines()[-1][:150]))
         else:
-            rows.append((f"{key}: wait / GPU util / samples/s", f"{_pct(d['wait_fraction'])} / {_num(d['gpu_util_mean'], '.1f')} % / {_num(d['samples_per_s'])}"))
+            step = r["trainers"].get(f"{key.split()[0]} model step alone ms")
+            alone = f" ({d['samples_per_s'] * step / 1e3 / d['batch']:.0%} of the model alone)" if step and d.get("samples_per_s") else ""
+            rows.append((f"{key}: GPU idle (events) / GPU util (NVML) / loop wait / samples/s",
+                         f"{_pct(d['gpu_idle_fraction'])} / {_num(d['gpu_util_mean'], '.1f')} % / {_pct(d['wait_fraction'])} / {_num(d['samples_per_s'])}{alone}"))
     for key, d in r.get("expand", {}).items():
         rows.append((f"twins on GPU, {key}", f"{d:.2f}x" if isinstance(d, float) else f"{d['rows_per_s']:,.0f} rows/s ({d['workers']} workers, batch {d['batch']})"))
     b = r.get("bench_cli")
@@ -410,8 +413,11 @@ def main() -> int:
     rows = table(r)
     env = r["env"]
     notes = [f"device {env['device']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['cuda']}), {env['cores']} CPU cores",
-             "trainers: no per-step CUDA synchronisation (the GPU queue stays full); wait = time the loop blocked in next(); "
-             "GPU util = NVML utilisation sampled every 0.2 s over the run",
+             "trainers: no per-step CUDA synchronisation (the GPU queue stays full). GPU idle = device time between the end of "
+             "step i's work and the arrival of batch i+1 on the trainer's stream (CUDA events, loaders.gpu_idle), over the device "
+             "time of the run: the starvation that matters. Loop wait = time blocked in next(): with an asynchronous GPU the loop "
+             "must block somewhere, and blocking while the GPU has queued work costs nothing. GPU util = NVML, sampled every 0.2 s "
+             "after the warm-up step. 'of the model alone' = samples/s over the rate of the model's step on a GPU-resident batch",
              "causal: TwinMLP hidden 1024, batch 16,384 twin rows; mel: MelCNN width 128, batch 8,192 segments"]
     md = "\n".join(["| measure | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in rows] + [""] + [f"- {n}" for n in notes])
     print(md)

@@ -56,7 +56,9 @@ class LowGpuUtilWarning(UserWarning):
 class StallSummary:
     """One epoch's (or the running epoch's) measurements, over the steps after warm-up.
 
-    ``gpu_*`` are None without NVML or a GPU; ``cpu_percent`` (system-wide mean)
+    ``gpu_util_mean`` (NVML, over the measured window) is None without NVML or a GPU;
+    ``gpu_idle_*`` (CUDA events: the GPU's idle gaps between steps, see
+    :mod:`loaders.gpu_idle`) are None without CUDA; ``cpu_percent`` (system-wide mean)
     and ``ram_used_gb`` (system, peak) are None when system sampling is off.
     """
 
@@ -74,6 +76,8 @@ class StallSummary:
     warmup: int
     gpu_util_mean: float | None
     gpu_mem_used_gb: float | None
+    gpu_idle_fraction: float | None
+    gpu_idle_ms_per_step: float | None
     cpu_percent: float | None
     ram_used_gb: float | None
     data_bound: bool
@@ -86,6 +90,8 @@ class StallSummary:
         parts = [f"{self.steps} steps", f"wait {self.wait_fraction:.1%} (p95 {self.wait_p95_ms:.1f} ms)", f"{self.batches_per_s:.1f} batches/s"]
         if self.samples_per_s is not None:
             parts.append(f"{self.samples_per_s:,.0f} samples/s")
+        if self.gpu_idle_fraction is not None:
+            parts.append(f"gpu idle {self.gpu_idle_fraction:.1%}")
         if self.gpu_util_mean is not None:
             parts.append(f"gpu {self.gpu_util_mean:.0f}% {self.gpu_mem_used_gb or 0:.1f} GB")
         if self.cpu_percent is not None:
@@ -132,6 +138,7 @@ class _Sampler:
     def __init__(self, interval: float, gpu: int | None) -> None:
         self.interval, self.gpu = interval, gpu
         self.gpu_util: list[float] = []
+        self.gpu_times: list[float] = []  # perf_counter of each GPU sample
         self.gpu_mem: list[float] = []
         self.cpu: list[float] = []
         self.ram: list[float] = []
@@ -160,6 +167,7 @@ class _Sampler:
             nv, handle = self._nv
             try:
                 self.gpu_util.append(float(nv.nvmlDeviceGetUtilizationRates(handle).gpu))
+                self.gpu_times.append(time.perf_counter())
                 self.gpu_mem.append(nv.nvmlDeviceGetMemoryInfo(handle).used / 1e9)
             except Exception:  # the device went away: stop asking
                 self._nv = None
@@ -193,7 +201,7 @@ def _batch_counter(batch_size: int | Callable[[Any], int] | None, samples_key: s
 class _Epoch:
     """Running counters of one pass over the loader (slots: cheap per-step updates)."""
 
-    __slots__ = ("waits", "steps", "samples", "wait_s", "start", "end", "first_batch_s", "warned", "count", "next_event", "mark")
+    __slots__ = ("waits", "steps", "samples", "wait_s", "start", "end", "first_batch_s", "warned", "count", "next_event", "mark", "meter")
 
     def __init__(self) -> None:
         self.waits = array("d")
@@ -206,6 +214,7 @@ class _Epoch:
         self.count: Callable[[Any], int] | None = None
         self.next_event = 1  # the first step resolves the batch-size counter
         self.mark: list = [0.0, 0, 0.0, 0]  # (time, steps, wait_s, samples) at the last log line
+        self.meter: Any = None  # GpuIdleMeter when CUDA is in use
 
 
 class StallMonitor:
@@ -218,8 +227,9 @@ class StallMonitor:
     ``low_gpu_util`` percent that trigger a warning, ``sample_every_s`` for the
     GPU/CPU/RAM sampler (None: off), ``gpu`` (CUDA index, default the current
     device), ``sync_cuda`` (synchronise CUDA after every step so queued GPU work
-    counts as step time, not as wait: exact but slower), ``warn`` ("warnings",
-    "logging" or None).
+    counts as step time, not as wait: exact but slower), ``gpu_idle`` (measure the
+    GPU's idle gaps between steps with CUDA events, :mod:`loaders.gpu_idle`;
+    default: when torch has initialised CUDA), ``warn`` ("warnings", "logging" or None).
 
     One ``wrap`` call is one epoch; it ends when the loader is exhausted or the
     wrapped iterator is closed (leaving a plain ``for`` loop does that at once;
@@ -240,6 +250,7 @@ class StallMonitor:
         sample_every_s: float | None = 1.0,
         gpu: int | None = None,
         sync_cuda: bool = False,
+        gpu_idle: bool | None = None,
         warn: Literal["warnings", "logging"] | None = "warnings",
     ) -> None:
         if warmup < 0 or (log_every is not None and log_every < 1):
@@ -248,6 +259,7 @@ class StallMonitor:
         self.log_every, self.logger = log_every, logger or _log
         self.data_bound_threshold, self.low_gpu_util = data_bound_threshold, low_gpu_util
         self.sample_every_s, self.gpu, self.sync_cuda, self.warn = sample_every_s, gpu, sync_cuda, warn
+        self.gpu_idle = gpu_idle
         self.history: list[StallSummary] = []
         self._epoch = _Epoch()
         self._sampler: _Sampler | None = None
@@ -262,6 +274,7 @@ class StallMonitor:
         ep = self._epoch = _Epoch()
         self._start_sampler()
         sync = self._cuda_sync()
+        meter = ep.meter = self._idle_meter()
         pc, add, warmup = time.perf_counter, ep.waits.append, self.warmup
         t0 = pc()
         exhausted = False
@@ -277,6 +290,8 @@ class StallMonitor:
                 t1 = pc()
                 add(t1 - t0)
                 if ep.steps >= warmup:
+                    if meter is not None:
+                        meter.ready()
                     ep.wait_s += t1 - t0
                     if ep.count is not None:
                         ep.samples += ep.count(batch)
@@ -284,6 +299,8 @@ class StallMonitor:
                 if ep.steps >= ep.next_event:
                     self._event(ep, batch, t1)
                 yield batch
+                if meter is not None:
+                    meter.done()
                 if sync is not None:
                     sync()
                 t0 = pc()
@@ -340,6 +357,7 @@ class StallMonitor:
         waits = np.frombuffer(ep.waits[self.warmup :], dtype=np.float64) * 1e3
         p50, p95, wmax = (float(np.percentile(waits, 50)), float(np.percentile(waits, 95)), float(waits.max())) if len(waits) else (0.0, 0.0, 0.0)
         samples = ep.samples if ep.count is not None else None
+        idle, idle_ms = ep.meter.result(wait=ep.end is not None) if ep.meter is not None else (None, None)
         return StallSummary(
             steps=steps,
             samples=samples,
@@ -354,6 +372,8 @@ class StallMonitor:
             first_batch_s=ep.first_batch_s,
             warmup=self.warmup,
             gpu_util_mean=self._gpu_mean(),
+            gpu_idle_fraction=idle,
+            gpu_idle_ms_per_step=idle_ms,
             gpu_mem_used_gb=max(s.gpu_mem) if s and s.gpu_mem else None,
             cpu_percent=float(np.mean(s.cpu)) if s and s.cpu else None,
             ram_used_gb=max(s.ram) if s and s.ram else None,
@@ -409,9 +429,26 @@ class StallMonitor:
             return torch.cuda.synchronize
         return None
 
+    def _idle_meter(self) -> Any:
+        torch = sys.modules.get("torch")
+        if self.gpu_idle is False or torch is None or not torch.cuda.is_available():
+            return None
+        if self.gpu_idle is None and not torch.cuda.is_initialized():
+            return None
+        from loaders.gpu_idle import GpuIdleMeter
+
+        return GpuIdleMeter(torch)
+
     def _gpu_mean(self) -> float | None:
-        s = self._sampler
-        return float(np.mean(s.gpu_util)) if s and s.gpu_util else None
+        """Mean NVML utilisation over the measured window (samples before warm-up ended are left out)."""
+        s, start = self._sampler, self._epoch.start
+        if not s or not s.gpu_util:
+            return None
+        util = np.asarray(s.gpu_util)
+        if start is not None:
+            late = util[np.asarray(s.gpu_times) >= start]
+            util = late if len(late) else util
+        return float(util.mean())
 
     def _check(self, ep: _Epoch, summary: StallSummary | None) -> None:
         """Warn (once per epoch and kind) when data-bound or when the GPU idles; cheap unless it warns."""
