@@ -284,7 +284,8 @@ def trainers(caches: dict[str, Path], workers: list[int], seconds: float, out_di
                     res[key] = {"error": str(exc)[-800:]}
                     log(f"{key}: FAILED {str(exc)[-300:]}")
                     continue
-                res[key] = {"batch": batch, **{k: d.get(k) for k in ("steps", "samples_per_s", "wait_fraction", "gpu_idle_fraction", "gpu_idle_ms_per_step", "gpu_util_mean", "wait_p95_ms", "first_batch_s", "cpu_percent", "process_s")}}
+                res[key] = {"batch": batch, **{k: d.get(k) for k in ("steps", "samples_per_s", "wait_fraction", "gpu_idle_fraction", "gpu_idle_ms_per_step", "gpu_util_mean", "wait_p95_ms", "first_batch_s", "cpu_percent", "process_s",
+                                                          "gap_p50_ms", "gap_p99_ms", "gap_max_ms", "idle_in_gaps_over_5ms_ms")}}
                 log(f"{key}: wait {d.get('wait_fraction')}, gpu idle {d.get('gpu_idle_fraction')}, gpu util {d.get('gpu_util_mean')}, samples/s {d.get('samples_per_s')}")
     return res
 
@@ -355,8 +356,10 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
         else:
             step = r["trainers"].get(f"{key.split()[0]} model step alone ms")
             alone = f" ({d['samples_per_s'] * step / 1e3 / d['batch']:.0%} of the model alone)" if step and d.get("samples_per_s") else ""
+            gaps = (f"; idle gaps p50 {_num(d.get('gap_p50_ms'), '.3f')} / p99 {_num(d.get('gap_p99_ms'), '.2f')} / max {_num(d.get('gap_max_ms'), '.1f')} ms, "
+                    f"{_num(d.get('idle_in_gaps_over_5ms_ms'), '.0f')} ms in gaps > 5 ms") if d.get("gap_p50_ms") is not None else ""
             rows.append((f"{key}: GPU idle (events) / GPU util (NVML) / loop wait / samples/s",
-                         f"{_pct(d['gpu_idle_fraction'])} / {_num(d['gpu_util_mean'], '.1f')} % / {_pct(d['wait_fraction'])} / {_num(d['samples_per_s'])}{alone}"))
+                         f"{_pct(d['gpu_idle_fraction'])} / {_num(d['gpu_util_mean'], '.1f')} % / {_pct(d['wait_fraction'])} / {_num(d['samples_per_s'])}{alone}{gaps}"))
     for key, d in r.get("expand", {}).items():
         rows.append((f"twins on GPU, {key}", f"{d:.2f}x" if isinstance(d, float) else f"{d['rows_per_s']:,.0f} rows/s ({d['workers']} workers, batch {d['batch']})"))
     b = r.get("bench_cli")

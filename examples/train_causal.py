@@ -114,7 +114,7 @@ def main() -> None:
     summary = monitor.summary()
     monitor.close()
     title = "baseline (users' on-the-fly pipeline)" if args.baseline else "cachebuild twins view"
-    d = print_summary(f"{title} on {device}", summary, {"final_loss": loss_v, "total_s": time.perf_counter() - t0})
+    d = print_summary(f"{title} on {device}", summary, {"final_loss": loss_v, "total_s": time.perf_counter() - t0, **monitor.gpu_idle_gaps()})
     if args.json:
         print(json.dumps(d))
 

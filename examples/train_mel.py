@@ -201,7 +201,8 @@ def train_for(args, model, opt, device, feed, title: str, state: dict, t0: float
     it.close()
     summary = monitor.summary()
     monitor.close()
-    return print_summary(f"{title} on {device}, {args.seconds:g} s", summary, {"final_loss": loss_v, "total_s": time.perf_counter() - t0})
+    extra = {"final_loss": loss_v, "total_s": time.perf_counter() - t0, **monitor.gpu_idle_gaps()}
+    return print_summary(f"{title} on {device}, {args.seconds:g} s", summary, extra)
 
 
 def main() -> None:

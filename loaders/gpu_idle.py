@@ -24,8 +24,11 @@ numbers lag the loop by the GPU's queue at most.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from typing import Any
+
+import numpy as np
 
 __all__ = ["GpuIdleMeter"]
 
@@ -40,13 +43,15 @@ class GpuIdleMeter:
         self._first: Any = None  # ready event that opens the window
         self._last_done: Any = None
         self._open_done: Any = None  # done event waiting for its ready
-        self._window_end: Any = None  # the latest completed done event
+        self._window_end: Any = None  # the ready event of the latest folded pair
+        self._last_event: Any = None  # the latest event recorded
+        self.gap_ms = array("d")  # every folded gap, in step order
         self.idle_ms = 0.0
         self.gaps = 0
         self._since_fold = 0
 
     def _event(self) -> Any:
-        ev = self._torch.cuda.Event(enable_timing=True)
+        ev = self._last_event = self._torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
 
@@ -71,22 +76,30 @@ class GpuIdleMeter:
     def _fold(self) -> None:
         while self._pending and self._pending[0][1].query():
             done, ready = self._pending.popleft()
-            self.idle_ms += max(0.0, done.elapsed_time(ready))
+            gap = max(0.0, done.elapsed_time(ready))
+            self.idle_ms += gap
+            self.gap_ms.append(gap)
             self.gaps += 1
-            self._window_end = done
+            self._window_end = ready
 
     def result(self, wait: bool = False) -> tuple[float | None, float | None]:
         """``(idle_fraction, idle_ms_per_step)`` over the completed part of the window (None before two steps).
 
         ``wait=True`` first waits for the last recorded event (at the end of an epoch).
         """
-        if wait and self._last_done is not None:
-            self._last_done.synchronize()
-            if self._open_done is None and self._pending:
-                self._pending[-1][1].synchronize()
+        if wait and self._last_event is not None:
+            self._last_event.synchronize()
         self._fold()
-        end = self._last_done if wait and self._last_done is not None else self._window_end
+        end = self._last_event if wait and self._last_event is not None else self._window_end
         if self._first is None or end is None or not self.gaps:
             return None, None
         span = self._first.elapsed_time(end)
         return (self.idle_ms / span if span > 0 else None), self.idle_ms / self.gaps
+
+    def gap_stats(self) -> dict[str, float]:
+        """Where the idle time sits: median, p99 and largest gap, and the idle time in gaps over 5 ms (ms)."""
+        g = np.frombuffer(self.gap_ms, dtype=np.float64)
+        if not len(g):
+            return {}
+        return {"gap_p50_ms": float(np.percentile(g, 50)), "gap_p99_ms": float(np.percentile(g, 99)),
+                "gap_max_ms": float(g.max()), "idle_in_gaps_over_5ms_ms": float(g[g > 5.0].sum()), "gaps": int(len(g))}

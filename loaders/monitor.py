@@ -380,6 +380,12 @@ class StallMonitor:
             data_bound=steps >= _MIN_STEPS_TO_WARN and frac > self.data_bound_threshold,
         )
 
+    def gpu_idle_gaps(self) -> dict[str, float]:
+        """The GPU's idle gaps between steps of the running (or last) epoch: p50, p99, max, and the time in
+        gaps over 5 ms (epoch starts, stalls) vs the rest ({} without CUDA events)."""
+        meter = self._epoch.meter
+        return meter.gap_stats() if meter is not None else {}
+
     def postfix(self) -> dict[str, str]:
         """Short strings for a tqdm postfix: epoch wait fraction and rates, latest GPU/CPU sample (O(1))."""
         steps, wall, frac = self._live()
