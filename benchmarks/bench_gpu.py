@@ -228,7 +228,7 @@ def model_step_ms(kind: str, batch: int, size: int) -> float:
     from train_mel import MelCNN
 
     dev = torch.device("cuda")
-    if kind == "causal":
+    if kind.startswith("causal"):
         n = 10
         model = TwinMLP(n, size).to(dev)
         args = (torch.randn(batch, n, device=dev), torch.zeros(batch, n, device=dev), torch.randn(batch, device=dev),
@@ -269,14 +269,17 @@ def trainers(caches: dict[str, Path], workers: list[int], seconds: float, out_di
     write_h5_from_cache(str(caches["mel"]), h5)
     setups = {
         "causal": ("train_causal.py", ["--cache", str(caches["causal"]), "--steps", "10000000", "--batch-size", "16384", "--hidden", "1024"], 16384, 1024),
+        "causal-h2048": ("train_causal.py", ["--cache", str(caches["causal"]), "--steps", "10000000", "--batch-size", "16384", "--hidden", "2048"], 16384, 2048),
         "mel": ("train_mel.py", ["--cache", str(caches["mel"]), "--batch-size", "8192", "--width", "128", "--h5", str(h5)], 8192, 128),
     }
     res: dict[str, Any] = {}
-    for kind, (script, args, batch, size) in setups.items():
+    for kind, (script, args, batch, size) in list(setups.items()):
         res[f"{kind} model step alone ms"] = model_step_ms(kind, batch, size)
         log(f"{kind}: model step alone {res[f'{kind} model step alone ms']:.2f} ms at batch {batch}")
-        for w in workers:
-            for pipeline, flag in (("ours", []), ("baseline", ["--baseline"])):
+        for w in workers if kind != "causal-h2048" else workers[:1]:  # a longer step: does the idle time vanish?
+            for pipeline, flag in (("ours", []), ("baseline", ["--baseline"]), ("resident", ["--resident", "16"])):
+                if (pipeline == "resident" and w != workers[0]) or (pipeline == "baseline" and kind == "causal-h2048"):
+                    continue  # the ideal loader does not depend on the worker count
                 key = f"{kind} {pipeline} w{w}"
                 try:
                     d = run_trainer(script, [*args, "--workers", str(w), *flag], seconds)

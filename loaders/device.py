@@ -59,6 +59,15 @@ def _tensors(batch: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
+def _device_storages(batch: Any) -> Iterator[torch.Tensor]:
+    """One tensor per device allocation of a moved batch: the packed buffer once, else every tensor."""
+    packed = getattr(batch, "packed", None)
+    if isinstance(batch, Batch) and packed is not None:
+        yield packed.buffer
+    else:
+        yield from _tensors(batch)
+
+
 def to_device(loader: Iterable[Any], device: str | torch.device = "cuda", non_blocking: bool = True) -> Iterator[Any]:
     """Yield the batches of ``loader`` on ``device``, copying the next one while the current one trains.
 
@@ -95,7 +104,7 @@ def to_device(loader: Iterable[Any], device: str | torch.device = "cuda", non_bl
         host, out, done = ahead
         current = torch.cuda.current_stream(dev)
         current.wait_event(done)  # the trainer's stream sees batch i only once its copy is complete
-        for t in _tensors(out):
+        for t in _device_storages(out):
             t.record_stream(current)  # memory allocated on `side`, used on `current`
         ahead = start_copy()  # batch i+1 starts copying while batch i trains
         if note is not None:
