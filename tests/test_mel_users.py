@@ -375,6 +375,22 @@ def test_cli_refusal_exits_non_zero_and_leaves_the_cache_intact(tmp_path):
     r = CliRunner().invoke(main, ["mel", "--from-h5", str(bad), "--out", str(tmp_path / "c2"), "-q",
                                   "-j", "1", "--set", "hop=64"])
     assert r.exit_code == 0, r.output
+    assert _read_record(tmp_path / "c2")["json"]["hop"] == 64
+
+
+def test_cli_ignoring_stored_mels_recomputes_and_checks(tmp_path):
+    path = tmp_path / "users.h5"
+    waves, _ = _write_h5(path, {**USERS_CONFIG, "mel_scale": "slaney"})
+    r = CliRunner().invoke(main, ["mel", "--from-h5", str(path), "--out", str(tmp_path / "c"), "-q",
+                                  "--h5-dataset", "mel="])
+    assert r.exit_code != 0 and "mel_scale='slaney'" in r.output and "--set mel_scale=slaney" in r.output
+    r = CliRunner().invoke(main, ["mel", "--from-h5", str(path), "--out", str(tmp_path / "c"), "-q",
+                                  "-j", "1", "--h5-dataset", "mel=", "--set", "mel_scale=slaney"])
+    assert r.exit_code == 0, r.output
+    rec = _read_record(tmp_path / "c", 2)
+    assert rec["json"]["mel_from"] == "computed" and rec["json"]["mel_scale"] == "slaney"
+    want = log_mel(waves[2], MelConfig(mel_scale="slaney")).astype(np.float16)
+    assert rec["mel"].tobytes() == want.tobytes()
 
 
 def test_cli_copy_states_the_files_parameters_in_records_and_manifest(tmp_path):

@@ -150,8 +150,8 @@ class H5Source:
         self._file, self._pid = None, None
 
     def _dataset(self, f: Any, role: str) -> str | None:
-        name = self.datasets.get(role)
-        return name if name is not None and name in f else None
+        name = self.datasets.get(role)  # None or "" (``--h5-dataset mel=``): ignore the role
+        return name if name and name in f else None
 
     def _resolve_labels(
         self, f: Any, raw: np.ndarray
