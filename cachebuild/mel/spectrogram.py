@@ -44,7 +44,7 @@ How (and why this way):
   time, so a window's bytes do not depend on which other windows share its call,
   where it sits in the block, or how SIMD lanes fall. A BLAS matmul does not give
   that: OpenBLAS rounds a row differently depending on its position in the
-  matrix (measured: ~30% of values differ by an ulp), which broke byte-identical
+  matrix (measured: 5-6% of values differ by an ulp), which broke byte-identical
   shards once the values moved to where float32 keeps those ulps (HTK, no norm);
 * rows are processed in chunks of ``CHUNK_FRAMES`` frames to bound memory.
 """
