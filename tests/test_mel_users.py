@@ -345,6 +345,24 @@ def test_recompute_follows_the_flag(tmp_path):
     assert (meta["mel_scale"], meta["norm"], meta["hop"], meta["mel_from"]) == ("slaney", "slaney", 64, "computed")
 
 
+def test_recompute_flags_for_none_values(tmp_path):
+    path = tmp_path / "f.h5"
+    _write_h5(path, {**USERS_CONFIG, "f_max": None, "top_db": None}, mel=False)
+    with pytest.raises(SourceError, match=r"--set fmax=2048.0 no top_db in the config"):
+        H5Source(path, MelConfig(fmax=1000.0, top_db=80.0))
+    assert H5Source(path, MelConfig()).mel_from == "computed"  # None = sr/2: agrees
+
+
+def test_window_settings_we_cannot_reproduce_refuse_only_a_recompute(tmp_path):
+    path = tmp_path / "f.h5"
+    _write_h5(path, {**USERS_CONFIG, "win_length": 400, "window": "hamming"}, mel=False)
+    with pytest.raises(SourceError, match=r"win_length=400.*window='hamming'"):
+        H5Source(path, MelConfig())
+    path2 = tmp_path / "g.h5"
+    _write_h5(path2, {**USERS_CONFIG, "win_length": 400, "window": "hamming"})
+    assert H5Source(path2, MelConfig()).mel_from == "stored"
+
+
 def test_recompute_lists_every_disagreement_in_one_line(tmp_path):
     path = tmp_path / "f.h5"
     _write_h5(path, {**USERS_CONFIG, "norm": "slaney", "power": 2.0}, mel=False)

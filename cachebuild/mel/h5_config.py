@@ -140,7 +140,7 @@ def _fmax_hz(params: Mapping[str, Any], cfg: MelConfig) -> float:
     return float(params.get("sample_rate", cfg.sample_rate)) / 2
 
 
-def _same(key: str, theirs: Any, ours: Any) -> bool:
+def _same(theirs: Any, ours: Any) -> bool:
     if isinstance(theirs, bool) or isinstance(ours, bool) or theirs is None or ours is None:
         return theirs == ours
     if isinstance(theirs, (int, float)) and isinstance(ours, (int, float)):
@@ -159,17 +159,18 @@ def _mismatches(cfg: MelConfig, params: FileParams) -> list[tuple[str, Any, Any]
         theirs, ours = params.values[key], getattr(cfg, key)
         if key == "fmax":
             theirs, ours = _fmax_hz(params.values, cfg), cfg.fmax_hz
-        if not _same(key, theirs, ours):
+        if not _same(theirs, ours):
             out.append((key, theirs, ours))
     return out
 
 
-def _flag_value(value: Any) -> str:
+def _fix(key: str, value: Any) -> str:
+    """The CLI flag that sets ``key`` to ``value`` (None: leave the key out, except norm)."""
     if value is None:
-        return "none"
+        return "--set norm=none" if key == "norm" else f"no {key} in the config"
     if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+        return f"--set {key}={'true' if value else 'false'}"
+    return f"--set {key}={value}"
 
 
 def check_recompute(cfg: MelConfig, params: FileParams, where: str, wave_ds: str) -> None:
@@ -186,7 +187,7 @@ def check_recompute(cfg: MelConfig, params: FileParams, where: str, wave_ds: str
     if not diffs:
         return
     parts = [f"{key}: file {params.stated(key)}, config {key}={ours!r}" for key, _, ours in diffs]
-    flags = " ".join(f"--set {key}={_flag_value(params.values[key])}" for key, _, _ in diffs)
+    flags = " ".join(_fix(key, theirs) for key, theirs, _ in diffs)
     raise SourceError(f"{where}: config_json disagrees with the config on the parameters of "
                       f"mels recomputed from '{wave_ds}' ({'; '.join(parts)}); pass {flags} "
                       f"to follow the file")
@@ -211,7 +212,7 @@ def config_differences(ours: MelConfig, stored: MelConfig) -> list[str]:
         a, b = getattr(stored, key), getattr(ours, key)
         if key == "fmax":
             a, b = stored.fmax_hz, ours.fmax_hz
-        if not _same(key, a, b):
+        if not _same(a, b):
             out.append(f"{key}: stored {a!r}, config {b!r}")
     return out
 
