@@ -91,4 +91,5 @@ def run_mel_build(
     if len(source) == 0:
         raise ConfigError(f"the source has no usable audio files: {source.describe().get('path')}")
     opts = _options(recipe, out, len(source), workers, backend, address, overwrite, progress)
-    return build_cache(MelBuildSource(cfg, source), opts, unit="files")
+    # source.cfg describes the records: for stored HDF5 mels, the file's parameters
+    return build_cache(MelBuildSource(source.cfg, source), opts, unit="files")

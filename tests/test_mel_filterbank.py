@@ -66,11 +66,11 @@ def _librosa_log_mel(x: np.ndarray, cfg: MelConfig) -> np.ndarray:
     """Reference: librosa on every short window (leading axes are librosa 'channels')."""
     spec = librosa.feature.melspectrogram(
         y=x, sr=cfg.sample_rate, n_fft=cfg.n_fft, hop_length=cfg.hop, window="hann",
-        center=cfg.center, pad_mode="constant", power=cfg.power, n_mels=cfg.n_mels,
+        center=cfg.center, pad_mode=cfg.pad_mode, power=cfg.power, n_mels=cfg.n_mels,
         fmin=cfg.fmin, fmax=cfg.fmax_hz, htk=cfg.mel_scale == "htk", norm=cfg.norm)
     if cfg.log == "none":
         return spec
-    to_db = librosa.amplitude_to_db if cfg.power == 1.0 else librosa.power_to_db
+    to_db = librosa.power_to_db if cfg.power == 2.0 else librosa.amplitude_to_db
     if cfg.top_db is None:
         return to_db(spec, ref=1.0, amin=cfg.log_floor, top_db=None)
     flat = spec.reshape(-1, *spec.shape[-2:])  # librosa's top_db is relative to the whole input
@@ -121,6 +121,7 @@ def test_user_config_log_mel_matches_librosa_on_real_audio(real_audio):
     {"mel_scale": "htk", "norm": None, "fmin": 40.0, "fmax": 5000.0},
     {"power": 2.0, "n_mels": 40},
     {"center": True, "top_db": 60.0},
+    {"center": True, "pad_mode": "constant", "mel_scale": "slaney", "norm": "slaney"},
     {"n_fft": 256, "hop": 64, "short_window": 1024, "long_window": 2048},
     {"log": "none"},
 ])

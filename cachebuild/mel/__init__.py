@@ -2,7 +2,8 @@
 
 Config (:mod:`.config`) -> audio (:mod:`.wav`, or the user's HDF5, or synthetic
 clips) -> windows (:mod:`.segment`) -> log-mel (:mod:`.spectrogram`, with our own
-:mod:`.filterbank`) -> record dicts (:mod:`.sources`), one per audio file, for
+:mod:`.filterbank`) -> record dicts (:mod:`.records`, :mod:`.sources`; the users' HDF5 in :mod:`.h5`,
+its config_json rules in :mod:`.h5_config`), one per audio file, for
 the shard writer. Nothing here writes files.
 """
 
@@ -14,6 +15,7 @@ from cachebuild.mel.sources import (
     BadFileWarning,
     H5Source,
     MelSource,
+    StoredMelWarning,
     SyntheticSource,
     WavFolderSource,
 )
@@ -29,6 +31,7 @@ __all__ = [
     "MEL_FIELDS",
     "BadFileWarning",
     "MelSource",
+    "StoredMelWarning",
     "H5Source",
     "WavFolderSource",
     "SyntheticSource",

@@ -6,6 +6,14 @@ each cut into ``long_window // short_window`` non-overlapping short windows), ho
 each short window becomes a log-mel image (STFT, mel filterbank, log), how the
 result is stored (``dtype``), and what to do with input files that do not fit.
 
+The defaults are the users' own builder: torchaudio's
+``MelSpectrogram(sample_rate=4096, n_fft=512, hop_length=128, n_mels=64,
+power=1.0, center=False)`` with torchaudio's defaults (HTK mel scale, no filter
+normalisation, f_min 0, f_max sr/2, periodic Hann window of n_fft samples),
+then ``20 * log10(clamp(x, 1e-10))`` stored as float16. Slaney's scale and
+normalisation (librosa's defaults) stay available as ``mel_scale = "slaney"``,
+``norm = "slaney"``.
+
 :func:`parse_mel_config` is where a TOML table or CLI dict enters: it rejects
 unknown keys, checks types, and builds the dataclass, whose ``__post_init__``
 validates values (so a directly constructed ``MelConfig`` is checked too).
@@ -23,7 +31,7 @@ from typing import Any
 
 from cachebuild.errors import ConfigError
 
-__all__ = ["MelConfig", "parse_mel_config", "IGNORED_TOP_LEVEL_KEYS"]
+__all__ = ["MelConfig", "parse_mel_config", "coerce_value", "IGNORED_TOP_LEVEL_KEYS", "MEL_PARAM_KEYS"]
 
 #: Top-level keys of a cache config that belong to the builder, not to the mel part.
 IGNORED_TOP_LEVEL_KEYS = frozenset({"seed", "out", "build", "kind", "source"})
@@ -36,7 +44,14 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
     "resample": ("refuse", "resample"),
     "on_bad_file": ("warn", "error"),
     "short_clip": ("refuse", "pad"),
+    "pad_mode": ("reflect", "constant"),
 }
+
+#: The keys that change the numbers of a mel image (given the same waveform window).
+MEL_PARAM_KEYS = (
+    "sample_rate", "short_window", "n_fft", "hop", "center", "pad_mode", "n_mels", "fmin",
+    "fmax", "mel_scale", "norm", "power", "log", "log_floor", "top_db",
+)
 
 
 @dataclass(frozen=True)
@@ -46,7 +61,9 @@ class MelConfig:
     ``num_long=None`` derives the number of long windows from ``clip_seconds``:
     ``floor(clip_seconds * sample_rate / long_window)``; the resolved integer is
     stored, so ``to_dict()`` always carries it. ``fmax=None`` means
-    ``sample_rate / 2`` (see :attr:`fmax_hz`). ``labels`` is an optional global
+    ``sample_rate / 2`` (see :attr:`fmax_hz`). ``pad_mode`` matters only with
+    ``center``: ``"reflect"`` (torchaudio's default) or ``"constant"`` (zeros,
+    librosa >= 0.10's default). ``labels`` is an optional global
     mapping label name -> integer id, stored as a sorted tuple of pairs so the
     config stays hashable; :attr:`label2id` gives it back as a dict.
     """
@@ -59,11 +76,12 @@ class MelConfig:
     n_fft: int = 512
     hop: int = 128
     center: bool = False
+    pad_mode: str = "reflect"
     n_mels: int = 64
     fmin: float = 0.0
     fmax: float | None = None
-    mel_scale: str = "slaney"
-    norm: str | None = "slaney"
+    mel_scale: str = "htk"
+    norm: str | None = None
     power: float = 1.0
     log: str = "db"
     log_floor: float = 1e-10
@@ -139,8 +157,9 @@ class MelConfig:
         return None if self.labels is None else dict(self.labels)
 
     def frames_per_short(self) -> int:
-        """STFT frames per short window (``t``): ``1 + (short - n_fft) // hop``, or
-        ``1 + short // hop`` with ``center`` (librosa's zero padding of n_fft//2 each side)."""
+        """STFT frames per short window (``t``): ``1 + (short - n_fft) // hop`` (no
+        padding, torchaudio's and librosa's ``center=False``), or ``1 + short // hop``
+        with ``center`` (``n_fft // 2`` samples of padding each side)."""
         if self.center:
             return 1 + self.short_window // self.hop
         return 1 + (self.short_window - self.n_fft) // self.hop
@@ -199,6 +218,20 @@ def parse_mel_config(mapping: Mapping[str, Any] | MelConfig | None) -> MelConfig
             )
         kwargs[key] = _coerce(key, value)
     return MelConfig(**kwargs)
+
+
+def coerce_value(key: str, value: Any) -> Any:
+    """Check one raw value of config key ``key`` and convert it to the field's type.
+
+    The same rules as :func:`parse_mel_config` (``"none"`` -> None for ``norm``;
+    a ConfigError names key and value); used to read other tools' configs too.
+    """
+    if key not in _FIELD_TYPES:
+        raise ConfigError(f"unknown mel config key '{key}' (value {value!r})")
+    value = _coerce(key, value)
+    if key in _CHOICES and value not in _CHOICES[key]:
+        raise ConfigError.bad_value(key, value, f"one of {list(_CHOICES[key])}")
+    return value
 
 
 def _coerce(key: str, value: Any) -> Any:

@@ -11,6 +11,11 @@ spaced on the mel scale between ``fmin`` and ``fmax``, evaluated at the FFT bin
 centre frequencies ``k * sr / n_fft``. With ``norm="slaney"`` each triangle is
 scaled by ``2 / (upper corner - lower corner)`` in Hz (constant energy per band);
 with ``norm=None`` its peak is 1.
+
+torchaudio's ``melscale_fbanks`` (what ``MelSpectrogram`` uses; HTK scale and
+``norm=None`` by default) builds the same triangles from the same formulas, on
+bins ``linspace(0, sr // 2, n_bins)``, which equal ``k * sr / n_fft`` for an even
+sample rate and an even ``n_fft`` (the users' 4096 Hz, 512); it does so in float32.
 """
 
 from __future__ import annotations

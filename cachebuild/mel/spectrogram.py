@@ -1,37 +1,52 @@
 """Vectorised log-mel spectrogram of a block of short windows.
 
 ``log_mel(segments, cfg)`` maps float audio ``[..., short_window]`` to float32
-``[..., n_mels, t]`` in one call for a whole block of files, the same numbers as
-calling, for every short window ``x`` separately::
+``[..., n_mels, t]`` in one call for a whole block of files. With the default
+config it is the users' builder, for every short window ``x``::
 
-    S = librosa.feature.melspectrogram(y=x, sr=sr, n_fft=n_fft, hop_length=hop,
-                                       window="hann", center=center, pad_mode="constant",
-                                       power=power, n_mels=n_mels, fmin=fmin, fmax=fmax,
-                                       htk=(mel_scale == "htk"), norm=norm)
-    librosa.amplitude_to_db(S, ref=1.0, amin=log_floor, top_db=top_db)   # power == 1
-    librosa.power_to_db(S, ref=1.0, amin=log_floor, top_db=top_db)       # any other power
+    m = torchaudio.transforms.MelSpectrogram(sample_rate=4096, n_fft=512, hop_length=128,
+                                             n_mels=64, power=1.0, center=False)(x)
+    20 * torch.log10(torch.clamp(m, min=1e-10))
 
-i.e. ``20 * log10(max(S, log_floor))`` for magnitudes and ``10 * log10(max(S,
-log_floor))`` otherwise, reference 1.0 (0 dB = a full-scale value of 1), and
-``top_db`` (if set) clamps each short window's image at its own maximum minus
-``top_db``. ``log="none"`` returns the linear mel values. Agreement with librosa
-is to float32 rounding (see tests/test_mel_filterbank.py).
+torchaudio's definition, which this module follows for any config:
+
+* framing: ``center=False`` takes no padding, frame ``j`` is ``x[j*hop : j*hop + n_fft]``,
+  ``t = 1 + (len - n_fft) // hop``; ``center=True`` first pads ``n_fft // 2``
+  samples each side (``pad_mode``: ``"reflect"`` as torchaudio, or ``"constant"``
+  zeros as librosa >= 0.10);
+* window: periodic Hann of ``n_fft`` samples (``0.5 - 0.5 cos(2 pi n / N)``,
+  ``torch.hann_window(N, periodic=True)``, scipy's ``get_window('hann', N)``),
+  no normalisation of the FFT;
+* ``|rfft|`` raised to ``power`` (1: magnitude, 2: power);
+* the mel filterbank of :mod:`cachebuild.mel.filterbank` (HTK or Slaney scale,
+  ``norm`` None or Slaney), applied as ``fb @ spec``;
+* the log: ``mult * log10(max(S, log_floor))`` with ``mult = 10`` for power 2 and
+  20 otherwise (the users' ``db_mult``; librosa's ``power_to_db`` /
+  ``amplitude_to_db`` for powers 2 / 1), reference 1.0, and ``top_db`` (if set)
+  clamping each short window's image at its own maximum minus ``top_db``.
+  ``log="none"`` returns the linear mel values.
+
+Agreement with librosa (same parameters, ``htk``/``norm`` as configured) and with a
+direct implementation of torchaudio's definition is to float32 rounding (see
+tests/test_mel_filterbank.py and tests/test_mel_users.py).
 
 How (and why this way):
 
 * frames are a strided view (``sliding_window_view``), no copy;
-* the periodic Hann window (``0.5 - 0.5 cos(2 pi n / N)``, scipy's ``fftbins=True``
-  as librosa uses) and the real FFT run in float64: NumPy's float64 FFT is ~6x
-  faster than its float32 one and also closer to librosa, which FFTs in float64;
-* magnitudes are cast to float32 and projected on the filterbank with one BLAS
-  matmul per chunk of rows;
-* rows are processed in chunks of a *fixed* number of frames (the last chunk is
-  zero-padded), so every BLAS call has the same shape. BLAS picks different
-  kernels for different shapes (e.g. GEMV for one row) whose rounding differs;
-  with a fixed shape, a file's mel bytes do not depend on which other files
-  share its block, which keeps shards byte-identical however the work is split.
-  The FFT (NumPy's pocketfft, row by row) and the elementwise steps are already
-  independent of the block.
+* the periodic Hann window and the real FFT run in float64: NumPy's float64 FFT
+  is ~6x faster than its float32 one and closer to the references;
+* magnitudes are ``sqrt(re * re + im * im)`` (``re * re + im * im`` for power 2)
+  and the filterbank is applied as a few "taps": each triangle covers at most
+  ``W`` consecutive bins (14 with the defaults), so band ``m`` is
+  ``sum_j spec[:, start_m + j] * weight[j, m]`` for ``j < W``, accumulated in
+  float64 with one elementwise multiply and add per tap, then rounded to float32.
+  Every step is an elementwise, correctly rounded IEEE operation on one row at a
+  time, so a window's bytes do not depend on which other windows share its call,
+  where it sits in the block, or how SIMD lanes fall. A BLAS matmul does not give
+  that: OpenBLAS rounds a row differently depending on its position in the
+  matrix (measured: 5-6% of values differ by an ulp), which broke byte-identical
+  shards once the values moved to where float32 keeps those ulps (HTK, no norm);
+* rows are processed in chunks of ``CHUNK_FRAMES`` frames to bound memory.
 """
 
 from __future__ import annotations
@@ -44,9 +59,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 from cachebuild.mel.config import MelConfig
 from cachebuild.mel.filterbank import mel_filterbank
 
-__all__ = ["LogMel", "log_mel", "hann_window", "to_db"]
+__all__ = ["LogMel", "log_mel", "hann_window", "to_db", "filterbank_taps"]
 
-#: Frames per BLAS call. Fixed so results do not depend on block size (see module doc).
+#: Frames per chunk (bounds the float64 scratch; results do not depend on it).
 CHUNK_FRAMES = 1024
 
 
@@ -58,9 +73,9 @@ def hann_window(n: int) -> np.ndarray:
 def to_db(values: np.ndarray, cfg: MelConfig, out: np.ndarray | None = None) -> np.ndarray:
     """Apply the configured log to mel values ``[..., n_mels, t]`` (float32, in place if ``out``).
 
-    Power 1 uses ``amplitude_to_db`` (20 log10), any other power ``power_to_db``
-    (10 log10); floor ``cfg.log_floor``, reference 1.0; ``top_db`` per image
-    (last two axes).
+    Power 2 gives ``10 log10`` (``power_to_db``), any other power ``20 log10``
+    (``amplitude_to_db`` for power 1), as the users' builder; floor
+    ``cfg.log_floor``, reference 1.0; ``top_db`` per image (last two axes).
     """
     if out is None:
         out = np.array(values, dtype=np.float32, copy=True)
@@ -68,7 +83,7 @@ def to_db(values: np.ndarray, cfg: MelConfig, out: np.ndarray | None = None) -> 
         out[...] = values
     if cfg.log == "none":
         return out
-    factor = np.float32(20.0 if cfg.power == 1.0 else 10.0)
+    factor = np.float32(10.0 if cfg.power == 2.0 else 20.0)
     np.maximum(out, np.float32(cfg.log_floor), out=out)
     np.log10(out, out=out)
     out *= factor
@@ -94,6 +109,7 @@ class LogMel:
             htk=cfg.mel_scale == "htk", norm=cfg.norm,
         )
         self.filterbank_t = np.ascontiguousarray(fb.T, dtype=np.float32)  # [n_bins, n_mels]
+        self.tap_bins, self.tap_weights = filterbank_taps(fb)
         self.window = hann_window(cfg.n_fft)
         # whole short windows per chunk, so a chunk never splits one window's frames
         self.windows_per_chunk = max(1, chunk_frames // self.t)
@@ -115,36 +131,53 @@ class LogMel:
         flat = segments.reshape(-1, cfg.short_window)
         out = np.empty((flat.shape[0], cfg.n_mels, self.t), dtype=np.float32)
         step = self.windows_per_chunk
-        mag = np.zeros((step * self.t, self.n_bins), dtype=np.float32)  # scratch, per call
         for start in range(0, flat.shape[0], step):
             view = out[start : start + step]
-            self._chunk(flat[start : start + step], view, mag)
+            self._chunk(flat[start : start + step], view)
             if log:
                 to_db(view, cfg, out=view)
         return out.reshape(*lead, cfg.n_mels, self.t)
 
-    def _chunk(self, x: np.ndarray, out: np.ndarray, mag: np.ndarray) -> None:
-        """Mel of ``k <= windows_per_chunk`` short windows into ``out`` [k, n_mels, t].
-
-        ``mag`` is the fixed-shape float32 scratch ``[windows_per_chunk * t, n_bins]``.
-        """
+    def _chunk(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Mel of ``k <= windows_per_chunk`` short windows into ``out`` [k, n_mels, t]."""
         cfg = self.cfg
         k = x.shape[0]
-        if cfg.center:  # librosa >= 0.10 default pad_mode="constant": zeros
+        if cfg.center:  # torchaudio: reflect; librosa >= 0.10: constant (zeros)
             pad = cfg.n_fft // 2
-            x = np.pad(x, ((0, 0), (pad, pad)))
+            x = np.pad(x, ((0, 0), (pad, pad)), mode=cfg.pad_mode)
         frames = sliding_window_view(x, cfg.n_fft, axis=-1)[:, :: cfg.hop][:, : self.t]
         spec = np.fft.rfft(frames * self.window, axis=-1)  # float64 -> complex128 [k, t, bins]
-        rows = k * self.t
-        np.abs(spec.reshape(rows, self.n_bins), out=mag[:rows], casting="same_kind")
-        if rows < mag.shape[0]:
-            mag[rows:] = 0.0  # fixed GEMM shape: pad the last chunk
-        if cfg.power == 2.0:
-            np.square(mag[:rows], out=mag[:rows])
-        elif cfg.power != 1.0:
-            np.power(mag[:rows], np.float32(cfg.power), out=mag[:rows])
-        mel = mag @ self.filterbank_t  # [rows_fixed, n_mels]
-        out[...] = mel[:rows].reshape(k, self.t, cfg.n_mels).transpose(0, 2, 1)
+        spec = spec.reshape(k * self.t, self.n_bins)
+        mag = spec.real * spec.real
+        mag += spec.imag * spec.imag  # |X|^2, exact elementwise IEEE operations
+        if cfg.power != 2.0:
+            np.sqrt(mag, out=mag)
+            if cfg.power != 1.0:
+                np.power(mag, cfg.power, out=mag)
+        mel = mag[:, self.tap_bins[0]] * self.tap_weights[0]
+        for bins, weights in zip(self.tap_bins[1:], self.tap_weights[1:]):
+            mel += mag[:, bins] * weights
+        out[...] = mel.reshape(k, self.t, cfg.n_mels).transpose(0, 2, 1)
+
+
+def filterbank_taps(fb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A filterbank ``[n_mels, n_bins]`` as taps: ``bins`` and ``weights``, both ``[W, n_mels]``.
+
+    Row ``j`` holds, for every band, the bin ``start + j`` (its first non-zero bin
+    plus ``j``) and that bin's weight, or weight 0 past the band's last non-zero
+    bin. ``sum_j x[:, bins[j]] * weights[j]`` equals ``x @ fb.T``. An empty band
+    has one zero tap.
+    """
+    nonzero = fb != 0
+    n_mels, n_bins = fb.shape
+    any_nz = nonzero.any(axis=1)
+    first = np.where(any_nz, nonzero.argmax(axis=1), 0)
+    last = np.where(any_nz, n_bins - 1 - nonzero[:, ::-1].argmax(axis=1), 0)
+    width = np.where(any_nz, last - first + 1, 1)
+    j = np.arange(int(width.max()))[:, None]
+    bins = np.minimum(first[None, :] + j, n_bins - 1)
+    weights = np.where(j < width[None, :], fb[np.arange(n_mels)[None, :], bins], 0.0)
+    return np.ascontiguousarray(bins), np.ascontiguousarray(weights)
 
 
 @functools.lru_cache(maxsize=8)
