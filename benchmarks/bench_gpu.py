@@ -277,7 +277,10 @@ def trainers(caches: dict[str, Path], workers: list[int], seconds: float, out_di
         res[f"{kind} model step alone ms"] = model_step_ms(kind, batch, size)
         log(f"{kind}: model step alone {res[f'{kind} model step alone ms']:.2f} ms at batch {batch}")
         for w in workers if kind != "causal-h2048" else workers[:1]:  # a longer step: does the idle time vanish?
-            for pipeline, flag in (("ours", []), ("baseline", ["--baseline"]), ("resident", ["--resident", "16"])):
+            variants = [("ours", []), ("baseline", ["--baseline"]), ("resident", ["--resident", "16"])]
+            if kind == "causal" and w == workers[0]:  # where does the main process's share of the idle time come from?
+                variants += [("ours handover 0", ["--handover", "0"]), ("ours switch 0.5 ms", ["--switch-interval", "0.0005"])]
+            for pipeline, flag in variants:
                 if (pipeline == "resident" and w != workers[0]) or (pipeline == "baseline" and kind == "causal-h2048"):
                     continue  # the ideal loader does not depend on the worker count
                 key = f"{kind} {pipeline} w{w}"

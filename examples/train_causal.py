@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -45,7 +46,7 @@ class TwinMLP(nn.Module):
 
 def batches_ours(args, device):
     stream = ShardStream(args.cache, view="twins", batch_size=args.batch_size, shuffle=True, seed=args.seed, compact=True)
-    loader = make_loader(stream, num_workers=args.workers)
+    loader = make_loader(stream, num_workers=args.workers, handover=args.handover)
     n = stream.manifest.schema("adj").max_shape[0]
 
     def gen():
@@ -94,6 +95,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--baseline", action="store_true", help="feed the model with the users' on-the-fly pipeline instead")
+    ap.add_argument("--handover", type=int, default=2, help="make_loader's handover depth (0: no hand-over thread)")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval for this process (how long a thread may hold the GIL; Python's default 0.005 s)")
     ap.add_argument("--resident", type=int, default=0, metavar="N",
                     help="benchmark: cycle N batches of our loader kept on the device (an ideal loader: the loop's own floor)")
     ap.add_argument("--seconds", type=float, default=None, help="stop after this much wall time (whichever of --steps/--seconds comes first)")
@@ -103,6 +107,8 @@ def main() -> None:
     args = ap.parse_args()
 
     device = pick_device(args.device)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     torch.manual_seed(args.seed)
     n, batches = (batches_baseline if args.baseline else batches_ours)(args, device)
     model = TwinMLP(n, args.hidden).to(device)
