@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
 from _results import append  # noqa: E402
 
-from cachebuild.bench import _drain, _shutdown, run_bench  # noqa: E402
+from cachebuild.bench import _drain, run_bench  # noqa: E402
+from loaders.loader import shutdown_workers  # noqa: E402
 from cachebuild.jobs import run_causal_build, run_mel_build  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def drain(loader, count, step_ms: float, seconds: float) -> dict:
     try:
         sm, n = _drain(lambda epoch: loader, count, sleeper(step_ms), seconds, None)
     finally:
-        _shutdown(loader)
+        shutdown_workers(loader)
     return {"wait_fraction": sm.wait_fraction, "samples_per_s": sm.samples_per_s or 0.0, "first_batch_s": sm.first_batch_s or 0.0,
             "wait_p95_ms": sm.wait_p95_ms, "batches": n, "wait_ms": sm.wait_s / max(1, sm.steps) * 1e3}
 

@@ -66,3 +66,35 @@ def test_train_mel_baseline_synthetic_h5(tmp_path):
     d = _run("train_mel.py", "--cache", str(tmp_path / "none"), "--baseline", "--synthetic-files", "20", "--steps", "2",
              "--batch-size", "128", "--workers", "0", "--width", "8", "--no-eval")
     assert d["steps"] == 1 and "file_accuracy" not in d
+
+
+def test_train_causal_resident_and_seconds(causal_cache):
+    """The benchmark modes: an ideal (resident) feed, and a run stopped by the clock."""
+    d = _run("train_causal.py", "--cache", str(causal_cache), "--steps", "6", "--batch-size", "256", "--hidden", "32", "--workers", "0", "--resident", "2")
+    assert d["steps"] == 5 and d["wait_fraction"] < 0.5
+    d = _run("train_causal.py", "--cache", str(causal_cache), "--steps", "100000", "--seconds", "1.5", "--batch-size", "256", "--hidden", "32",
+             "--workers", "0", "--handover", "0")
+    assert 1 < d["steps"] < 100000 and d["total_s"] < 30
+
+
+def test_train_mel_seconds_chains_epochs(mel_cache):
+    # 40 files x 80 segments / 256 = 13 batches per epoch: 1.5 s of training crosses several epochs under one summary
+    d = _run("train_mel.py", "--cache", str(mel_cache), "--seconds", "1.5", "--batch-size", "256", "--workers", "0", "--width", "8")
+    assert d["steps"] > 13 and "epoch" not in d and "file_accuracy" not in d
+    d = _run("train_mel.py", "--cache", str(mel_cache), "--seconds", "1", "--batch-size", "256", "--workers", "0", "--width", "8", "--resident", "2")
+    assert d["steps"] > 2
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (REPO / "benchmarks").glob("*.py")) + sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_scripts_import(path):
+    """Every benchmark and example imports (catches a script left behind by a refactor); peers of the bench extra may be absent."""
+    folder = REPO / ("benchmarks" if (REPO / "benchmarks" / path).exists() else "examples")
+    code = (f"import sys; sys.path[:0] = [{str(REPO / 'benchmarks')!r}, {str(EXAMPLES)!r}]; "
+            f"import importlib.util as u; s = u.spec_from_file_location({path[:-3]!r}, {str(folder / path)!r}); m = u.module_from_spec(s); "
+            f"sys.modules[s.name] = m; s.loader.exec_module(m)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    optional = ("litdata", "streaming", "ffcv", "lightning_utilities", "obstore")
+    if r.returncode and any(f"No module named '{name}" in r.stderr for name in optional):
+        pytest.skip(f"{path}: a peer of the bench extra is not installed")
+    assert r.returncode == 0, r.stderr[-2000:]
