@@ -49,20 +49,23 @@ def batches_ours(args, device):
     loader = make_loader(stream, num_workers=args.workers, handover=args.handover)
     n = stream.manifest.schema("adj").max_shape[0]
 
-    def gen():
+    def device_batches():
         for epoch in range(10**9):
             loader.set_epoch(epoch)
-            for b in to_device(loader, device):
-                gi = b["graph_index"].long()
-                ctx = TwinMLP.context(b["ctx_base"].float(), b["ctx_adj"].float())[gi]
-                yield b["target_row"].float(), b["int_mask"].float(), b["value"].float(), ctx, b["delta"].float(), (~b["is_pad"]).float()
+            yield from to_device(loader, device)
 
-    return n, (resident(gen(), args.resident) if args.resident else gen())
+    def gen():
+        for b in resident(device_batches(), args.resident) if args.resident else device_batches():
+            gi = b["graph_index"].long()
+            ctx = TwinMLP.context(b["ctx_base"].float(), b["ctx_adj"].float())[gi]
+            yield b["target_row"].float(), b["int_mask"].float(), b["value"].float(), ctx, b["delta"].float(), (~b["is_pad"]).float()
+
+    return n, gen()
 
 
 def resident(batches, count: int):
     """``count`` batches kept on the device and cycled: a free, ideal loader (the training loop's own floor)."""
-    kept = [tuple(t.clone() for t in b) for _, b in zip(range(count), batches)]
+    kept = [{k: v.clone() for k, v in b.items()} for _, b in zip(range(count), batches)]
     batches.close()
     while True:
         yield from kept

@@ -67,14 +67,11 @@ def batches_ours(args, device, epoch: int, state: dict):
         state["leak"] = leak_label_id(stream.manifest)
     loader, leak = state["loader"], state["leak"]
     loader.set_epoch(epoch)
-    if args.resident:  # an ideal loader: the first N batches, kept on the device and cycled
-        if "kept" not in state:
-            got = to_device(loader, device)
-            state["kept"] = [(b["mel"].clone(), (b["label"] == leak).float(), (~b["is_pad"]).float()) for _, b in zip(range(args.resident), got)]
-            got.close()
-        yield from state["kept"] * 8
-        return
-    for b in to_device(loader, device):
+    if args.resident and "kept" not in state:  # an ideal loader: the first N batches, kept on the device and cycled
+        got = to_device(loader, device)
+        state["kept"] = [{k: v.clone() for k, v in b.items()} for _, b in zip(range(args.resident), got)]
+        got.close()
+    for b in state["kept"] * 8 if args.resident else to_device(loader, device):
         yield b["mel"], (b["label"] == leak).float(), (~b["is_pad"]).float()
 
 
