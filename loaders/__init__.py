@@ -26,7 +26,7 @@ shared-memory buffers between workers and the main process), :mod:`~loaders.stre
 
 from loaders.batch import Batch, Field, Layout, PackedBatch
 from loaders.device import to_device
-from loaders.loader import StreamLoader, make_loader
+from loaders.loader import StreamLoader, loader_state, make_loader
 from loaders.plan import BatchItems, EpochPlan, epoch_order
 from loaders.state import PlanConfig
 from loaders.stream import ShardStream
@@ -36,6 +36,7 @@ from loaders.world import World
 __all__ = [
     "ShardStream",
     "make_loader",
+    "loader_state",
     "to_device",
     "StreamLoader",
     "EpochPlan",
