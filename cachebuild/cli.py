@@ -157,7 +157,7 @@ def verify(cache: Path, no_decode: bool, quiet: bool) -> None:
         click.echo(f"error: {len(report.faults)} fault(s) in {cache}", err=True)
         sys.exit(3)
     what = f"{report.records} records decoded" if not no_decode else "checksums only"
-    click.echo(f"ok: {cache}: {report.shards} shards verified, {what}")
+    click.echo(f"ok: {cache}: {report.shards} shard{'' if report.shards == 1 else 's'} verified, {what}")
 
 
 @main.command()

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from cachebuild.build.builder import ratio_text
 from cachebuild.format.manifest import read_manifest
 from cachebuild.format.shard_reader import ShardReader
 
@@ -34,9 +35,9 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
     lines = [
         f"cache      {root}",
         f"kind       {m.kind} (format v{m.version}, {m.created_by})",
-        f"records    {m.records} in {len(m.shards)} shards (seed {m.seed})",
+        f"records    {m.records} in {len(m.shards)} shard{'' if len(m.shards) == 1 else 's'} (seed {m.seed})",
         f"codec      {m.codec.name}" + (f" level {m.codec.level}" if m.codec.name == "zstd" else ""),
-        f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, ratio {raw / stored if stored else 0:.2f}x",
+        f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, {ratio_text(raw / stored if stored else 0.0)}",
         "fields:",
     ]
     for f in m.fields:
