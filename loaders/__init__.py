@@ -20,7 +20,11 @@ decoded at once), :mod:`~loaders.views` (records -> batches;
 :mod:`~loaders.batch` (packed fixed layouts), :mod:`~loaders.slots` (reused
 shared-memory buffers between workers and the main process), :mod:`~loaders.stream`
 (``ShardStream``), :mod:`~loaders.state` (resume state), :mod:`~loaders.loader`
-(``make_loader``), :mod:`~loaders.device` (``to_device``). Only
+(``make_loader``, ``loader_state``), :mod:`~loaders.passes` (which epoch each
+pass runs: the next one, unless ``set_epoch``/``load_state_dict`` said
+otherwise), :mod:`~loaders.device` (``to_device``), :mod:`~loaders.monitor`
+and :mod:`~loaders.monitor_out` (the stall monitor and its outputs),
+:mod:`~loaders.lightning` (a Lightning datamodule; imports Lightning). Only
 ``cachebuild.format`` and ``cachebuild.errors`` are imported from cachebuild.
 """
 

@@ -116,8 +116,9 @@ class ShardStream(IterableDataset):
         **view_options: passed to the view (e.g. ``compact=True`` for twins).
 
     Iterate it directly (batches are dicts of tensors) or through
-    :func:`loaders.make_loader`. ``set_epoch``, ``state_dict`` and
-    ``load_state_dict`` act like a DistributedSampler's plus an exact resume.
+    :func:`loaders.make_loader`. Each new pass (``iter()``) is the next epoch,
+    unless ``set_epoch`` or ``load_state_dict`` said otherwise (see
+    :mod:`loaders.passes`); ``state_dict`` and ``load_state_dict`` resume exactly.
     """
 
     def __init__(
