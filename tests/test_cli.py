@@ -43,6 +43,7 @@ def test_generate_prints_summary_and_verifies(small_cache):
     assert r.exit_code == 0 and "600 records decoded" in r.output
     r = _run(["inspect", str(small_cache)])
     assert r.exit_code == 0 and "delta" in r.output and "ratio" in r.output
+    assert "recipe:" in r.output and 'graph.family = "' in r.output and "samples.base = 64" in r.output
 
 
 def test_same_bytes_with_two_workers(small_cache, tmp_path):
