@@ -165,7 +165,7 @@ def verify(cache: Path, no_decode: bool, quiet: bool) -> None:
 @click.option("--record", type=int, default=0, show_default=True, help="Which record to summarise.")
 @_friendly
 def inspect(cache: Path, record: int) -> None:
-    """Print counts, sizes, compression ratio, field schemas and one record of CACHE."""
+    """Print counts, sizes, compression ratio, the recipe, field schemas and one record of CACHE."""
     from cachebuild.inspect_cache import inspect_cache
 
     for line in inspect_cache(cache, record):
