@@ -32,10 +32,10 @@ def _ids(batches) -> list[int]:
     return [r for b in batches for r in b["record_id"][~b["is_pad"]].tolist()]
 
 
-@pytest.mark.parametrize("workers,cut", [(2, 7), (2, 1), (0, 5), (3, 12)])
-def test_stateful_dataloader_resumes_exactly(causal_cache, workers, cut):
+@pytest.mark.parametrize("workers,cut,persistent", [(2, 7, True), (2, 1, False), (0, 5, False), (3, 12, True), (2, 13, True)])
+def test_stateful_dataloader_resumes_exactly(causal_cache, workers, cut, persistent):
     e0, e1 = _epoch(causal_cache, 0), _epoch(causal_cache, 1)
-    kw = dict(batch_size=None, num_workers=workers) | (dict(persistent_workers=True) if workers else {})
+    kw = dict(batch_size=None, num_workers=workers, persistent_workers=persistent)
     dl = sdl.StatefulDataLoader(_stream(causal_cache), **kw)
     it = iter(dl)
     head = [next(it) for _ in range(cut)]
