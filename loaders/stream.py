@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from cachebuild.format.malloc import tune_malloc
