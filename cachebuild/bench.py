@@ -59,7 +59,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from cachebuild.errors import ConfigError
+from cachebuild.errors import ConfigError, OutputError
 
 __all__ = ["BenchResult", "run_bench", "default_view", "DEFAULT_BATCH", "stage_times", "webdataset_batches", "format_table"]
 
@@ -173,8 +173,11 @@ def _drain(
     consume: Callable[[Any], None] | None,
     seconds: float | None,
     max_batches: int | None,
+    plot: Path | None = None,
 ) -> tuple[Any, int]:
-    """Run ``consume`` over batches (epoch after epoch) under a StallMonitor until a limit; ``(summary, batches)``."""
+    """Run ``consume`` over batches (epoch after epoch) under a StallMonitor until a limit; ``(summary, batches)``.
+
+    ``plot``: also draw the monitor's wait and throughput over steps to this PNG."""
     from loaders.monitor import StallMonitor
 
     monitor = StallMonitor(batch_size=count, warmup=1, sample_every_s=None, warn=None)
@@ -207,6 +210,8 @@ def _drain(
         it.close()
     summary = monitor.summary()
     monitor.close()
+    if plot is not None:
+        monitor.plot(plot, title=f"cachebuild bench: {done} batches")
     return summary, done
 
 
@@ -381,6 +386,20 @@ def webdataset_batches(root: str | Path, shard_names: list[str], batch_records: 
 
 
 # --------------------------------------------------------------------------- the run
+def _check_plot(plot: str | Path | None) -> Path | None:
+    """The ``--plot`` file, checked before any work: matplotlib installed, folder there."""
+    if plot is None:
+        return None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install matplotlib (or pip install 'cachebuild[plot]')") from None
+    plot = Path(plot)
+    if not plot.parent.is_dir():
+        raise OutputError(f"--plot {plot}: folder {plot.parent} does not exist")
+    return plot
+
+
 def run_bench(
     cache: str | Path,
     view: str | None = None,
@@ -394,11 +413,13 @@ def run_bench(
     compare: bool = False,
     sample: int = 8,
     seed: int = 0,
+    plot: str | Path | None = None,
 ) -> BenchResult:
     """Drain ``cache`` through the loader and measure it (see the module docstring).
 
     Stops after ``batches`` batches or ``seconds`` seconds, whichever comes first
-    (default: 10 s), going on into further epochs of a small cache.
+    (default: 10 s), going on into further epochs of a small cache. ``plot``: a
+    PNG of the loader's wait per step and throughput (needs matplotlib).
     """
     import torch
 
@@ -416,6 +437,7 @@ def run_bench(
         raise ConfigError(f"--batches must be >= 2 (the first batch is warm-up), got {batches}")
     if seconds is None and batches is None:
         seconds = 10.0
+    plot = _check_plot(plot)
     manifest = read_manifest(cache)
     view = view or default_view(manifest.kind)
     import loaders.views as views_mod
@@ -468,7 +490,7 @@ def run_bench(
         return to_device(loader, dev) if dev.type == "cuda" else loader
 
     try:
-        summary, done = _drain(make, count, consume, seconds, batches)
+        summary, done = _drain(make, count, consume, seconds, batches, plot)
     finally:
         shutdown_workers(loader)
     first_total = (summary.first_batch_s or 0.0) + created_s

@@ -29,8 +29,9 @@ _VIEWS = "graphs, twins (causal), mel, mel_files (mel), records (any)"
 @click.option("--compare", is_flag=True, help="Also drain the same shards with the plain WebDataset reader (per-sample .zst decode + np.load).")
 @click.option("--sample", type=click.IntRange(min=1), default=8, show_default=True, help="Batches timed stage by stage (read, decompress, assemble, pin, copy).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Shuffle seed of the loader.")
+@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Also draw the wait per step and the throughput over steps to this PNG (needs matplotlib).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: cachebuild.bench module docstring) instead of the table.")
-def bench_command(cache, view, batch_size, workers, seconds, batches, step_ms, consumer, device, compare, sample, seed, as_json) -> None:
+def bench_command(cache, view, batch_size, workers, seconds, batches, step_ms, consumer, device, compare, sample, seed, plot, as_json) -> None:
     """Drain CACHE through the loader and report records/s, samples/s, payload MB/s,
     time to first batch, the consumer's wait fraction and per-stage times.
 
@@ -39,6 +40,7 @@ def bench_command(cache, view, batch_size, workers, seconds, batches, step_ms, c
       cachebuild bench cache/causal                          # graphs view, 10 s, no consumer
       cachebuild bench cache/causal --view twins --step-ms 20 --workers 2
       cachebuild bench cache/mel --compare --json            # + plain WebDataset, as JSON
+      cachebuild bench cache/causal --plot stalls.png        # + wait and throughput over steps
     """
     from cachebuild.cli import _friendly
 
@@ -46,11 +48,13 @@ def bench_command(cache, view, batch_size, workers, seconds, batches, step_ms, c
         from cachebuild.bench import format_table, run_bench
 
         result = run_bench(cache, view=view, batch_size=batch_size, workers=workers, seconds=seconds, batches=batches,
-                           step_ms=step_ms, consumer=consumer, device=device, compare=compare, sample=sample, seed=seed)
+                           step_ms=step_ms, consumer=consumer, device=device, compare=compare, sample=sample, seed=seed, plot=plot)
         if as_json:
             click.echo(result.to_json())
         else:
             for line in format_table(result):
                 click.echo(line)
+            if plot is not None:
+                click.echo(f"plot: {plot}")
 
     _friendly(run)()

@@ -157,7 +157,7 @@ def verify(cache: Path, no_decode: bool, quiet: bool) -> None:
         click.echo(f"error: {len(report.faults)} fault(s) in {cache}", err=True)
         sys.exit(3)
     what = f"{report.records} records decoded" if not no_decode else "checksums only"
-    click.echo(f"ok: {cache}: {report.shards} shards verified, {what}")
+    click.echo(f"ok: {cache}: {report.shards} shard{'' if report.shards == 1 else 's'} verified, {what}")
 
 
 @main.command()
@@ -165,7 +165,7 @@ def verify(cache: Path, no_decode: bool, quiet: bool) -> None:
 @click.option("--record", type=int, default=0, show_default=True, help="Which record to summarise.")
 @_friendly
 def inspect(cache: Path, record: int) -> None:
-    """Print counts, sizes, compression ratio, field schemas and one record of CACHE."""
+    """Print counts, sizes, compression ratio, the recipe, field schemas and one record of CACHE."""
     from cachebuild.inspect_cache import inspect_cache
 
     for line in inspect_cache(cache, record):

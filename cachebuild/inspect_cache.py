@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from cachebuild.build.builder import ratio_text
 from cachebuild.format.manifest import read_manifest
 from cachebuild.format.shard_reader import ShardReader
 
@@ -25,6 +26,17 @@ def describe_value(value: Any) -> str:
     return text if len(text) < 300 else text[:297] + "..."
 
 
+def recipe_lines(config: dict[str, Any], prefix: str = "") -> list[str]:
+    """The recipe the cache was built from, one dotted ``key = value`` per line (the form ``--set``/TOML take)."""
+    lines = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            lines += recipe_lines(value, f"{prefix}{key}.")
+        else:
+            lines.append(f"  {prefix}{key} = {json.dumps(value)}")
+    return lines
+
+
 def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
     """Lines describing the cache at ``root`` and record number ``record``."""
     root = Path(root)
@@ -34,11 +46,13 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
     lines = [
         f"cache      {root}",
         f"kind       {m.kind} (format v{m.version}, {m.created_by})",
-        f"records    {m.records} in {len(m.shards)} shards (seed {m.seed})",
+        f"records    {m.records} in {len(m.shards)} shard{'' if len(m.shards) == 1 else 's'} (seed {m.seed})",
         f"codec      {m.codec.name}" + (f" level {m.codec.level}" if m.codec.name == "zstd" else ""),
-        f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, ratio {raw / stored if stored else 0:.2f}x",
-        "fields:",
+        f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, {ratio_text(raw / stored if stored else 0.0)}",
     ]
+    if m.config:
+        lines += ["recipe:", *recipe_lines(m.config)]
+    lines.append("fields:")
     for f in m.fields:
         if f.dtype == "json":
             lines.append(f"  {f.name:<12} json")

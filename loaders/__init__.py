@@ -20,13 +20,17 @@ decoded at once), :mod:`~loaders.views` (records -> batches;
 :mod:`~loaders.batch` (packed fixed layouts), :mod:`~loaders.slots` (reused
 shared-memory buffers between workers and the main process), :mod:`~loaders.stream`
 (``ShardStream``), :mod:`~loaders.state` (resume state), :mod:`~loaders.loader`
-(``make_loader``), :mod:`~loaders.device` (``to_device``). Only
+(``make_loader``, ``loader_state``), :mod:`~loaders.passes` (which epoch each
+pass runs: the next one, unless ``set_epoch``/``load_state_dict`` said
+otherwise), :mod:`~loaders.device` (``to_device``), :mod:`~loaders.monitor`
+and :mod:`~loaders.monitor_out` (the stall monitor and its outputs),
+:mod:`~loaders.lightning` (a Lightning datamodule; imports Lightning). Only
 ``cachebuild.format`` and ``cachebuild.errors`` are imported from cachebuild.
 """
 
 from loaders.batch import Batch, Field, Layout, PackedBatch
 from loaders.device import to_device
-from loaders.loader import StreamLoader, make_loader
+from loaders.loader import StreamLoader, loader_state, make_loader
 from loaders.plan import BatchItems, EpochPlan, epoch_order
 from loaders.state import PlanConfig
 from loaders.stream import ShardStream
@@ -36,6 +40,7 @@ from loaders.world import World
 __all__ = [
     "ShardStream",
     "make_loader",
+    "loader_state",
     "to_device",
     "StreamLoader",
     "EpochPlan",

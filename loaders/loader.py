@@ -21,9 +21,11 @@ from torch.utils.data import DataLoader
 from loaders.batch import Batch, PackedBatch
 from loaders.handover import Handover
 from loaders.slots import SlotRings, register, unregister
+from loaders.state import make_state
 from loaders.stream import ShardStream
+from loaders.world import detect_ranks
 
-__all__ = ["StreamLoader", "make_loader", "default_workers", "shutdown_workers", "SHM_PATH"]
+__all__ = ["StreamLoader", "make_loader", "loader_state", "default_workers", "shutdown_workers", "SHM_PATH"]
 
 SHM_PATH = "/dev/shm"
 
@@ -131,6 +133,35 @@ class StreamLoader(DataLoader):
 
     def __len__(self) -> int:
         return len(self.stream)
+
+
+def loader_state(loader: DataLoader) -> dict[str, Any]:
+    """The exact resume state of any DataLoader over a :class:`ShardStream`, after the batches it handed out.
+
+    A :class:`StreamLoader` (``make_loader``) knows it: its ``state_dict()``. A
+    plain ``torch`` DataLoader does not tell the stream what it handed to the
+    trainer, so its state is read here from the loader: the pass its workers run
+    (the stream's shared block) and the batches its iterator yielded (torch's
+    ``_num_yielded``). That needs ``persistent_workers=True`` (the loader keeps
+    its iterator) or ``num_workers=0`` (the stream counts itself).
+    """
+    if isinstance(loader, StreamLoader):
+        return loader.state_dict()
+    stream = getattr(loader, "dataset", None)
+    if not isinstance(stream, ShardStream):
+        raise TypeError(f"loader_state needs a DataLoader over a ShardStream, got a dataset of type {type(stream).__name__}")
+    if loader.num_workers == 0:
+        return stream.state_dict()
+    it = getattr(loader, "_iterator", None)
+    if not loader.persistent_workers or it is None or not hasattr(it, "_num_yielded"):
+        raise RuntimeError(
+            "a DataLoader with non-persistent workers forgets its iterator: use persistent_workers=True, "
+            "or loaders.make_loader(stream), whose state_dict() is exact"
+        )
+    rank, ws = detect_ranks(stream._rank, stream._world_size, env_fallback=True)
+    epoch, start = stream._control.worker_epoch(), stream._control.worker_start()
+    yielded = int(it._num_yielded)
+    return make_state(epoch, start + yielded * ws, stream.config, stream.fingerprint, ws, yielded)
 
 
 def shutdown_workers(loader: Any) -> None:

@@ -14,6 +14,12 @@ Usage::
     for batch in monitor.wrap(loader):
         ...
     print(monitor.summary().to_dict())
+    print(monitor.table())                             # one row per epoch
+    monitor.plot("stalls.png")                         # wait and throughput over steps (matplotlib)
+
+Its numbers go to any logger through ``on_log`` (a dict every ``log_every``
+steps and at each epoch's end; TensorBoard: ``on_log=tensorboard_hook(writer)``),
+see :mod:`loaders.monitor_out`.
 
 The first ``warmup`` steps (default 1) are left out of the summary, because
 the first batch also pays for worker start-up; its wait is reported apart as
@@ -25,17 +31,19 @@ percent, the monitor warns once per epoch with concrete advice.
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import threading
 import time
 import warnings
 from array import array
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal
 
 import numpy as np
+
+from loaders.monitor_out import plot_steps, summary_metrics, summary_table
+from loaders.sysstats import _nvml, _Sampler  # noqa: F401  (_nvml: re-exported for tests)
 
 __all__ = ["StallMonitor", "StallSummary", "DataBoundWarning", "LowGpuUtilWarning", "measure_overhead"]
 
@@ -99,88 +107,6 @@ class StallSummary:
         return ", ".join(parts)
 
 
-def _nvml(gpu: int | None) -> tuple[Any, Any] | None:
-    """(pynvml, device handle) for the trainer's GPU, or None when NVML is unavailable.
-
-    The CUDA device (``gpu``, default torch's current one) is matched to NVML by
-    UUID when torch has initialised CUDA, else through ``CUDA_VISIBLE_DEVICES``
-    (NVML counts physical devices, CUDA only the visible ones).
-    """
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # NVMLError: no driver or no device
-        return None
-    torch = sys.modules.get("torch")
-    index = gpu
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            index = torch.cuda.current_device() if gpu is None else gpu
-            return pynvml, pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(index).uuid}")
-    except Exception:  # an older torch without .uuid, or an unknown UUID: use the index below
-        pass
-    index = index or 0
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    try:
-        if index < len(visible) and not visible[index].isdigit():
-            return pynvml, pynvml.nvmlDeviceGetHandleByUUID(visible[index])
-        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(int(visible[index]) if index < len(visible) else index)
-    except Exception:  # no such device: GPU stats unavailable
-        return None
-
-
-class _Sampler:
-    """Background thread sampling GPU util/memory (NVML) and CPU/RAM (psutil) every ``interval`` s."""
-
-    def __init__(self, interval: float, gpu: int | None) -> None:
-        self.interval, self.gpu = interval, gpu
-        self.gpu_util: list[float] = []
-        self.gpu_times: list[float] = []  # perf_counter of each GPU sample
-        self.gpu_mem: list[float] = []
-        self.cpu: list[float] = []
-        self.ram: list[float] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._nv: tuple[Any, Any] | None = None
-
-    def start(self) -> None:
-        import psutil
-
-        self._nv = _nvml(self.gpu)
-        psutil.cpu_percent(interval=None)  # prime: the next call measures since now
-        self._thread = threading.Thread(target=self._loop, name="stall-monitor-sampler", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
-    def sample(self) -> None:
-        import psutil
-
-        self.cpu.append(psutil.cpu_percent(interval=None))
-        self.ram.append(psutil.virtual_memory().used / 1e9)
-        if self._nv is not None:
-            nv, handle = self._nv
-            try:
-                self.gpu_util.append(float(nv.nvmlDeviceGetUtilizationRates(handle).gpu))
-                self.gpu_times.append(time.perf_counter())
-                self.gpu_mem.append(nv.nvmlDeviceGetMemoryInfo(handle).used / 1e9)
-            except Exception:  # the device went away: stop asking
-                self._nv = None
-
-    def stop(self) -> None:
-        """Stop the thread; take one last sample so short epochs still get numbers."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-            self.sample()
-
-
 def _batch_counter(batch_size: int | Callable[[Any], int] | None, samples_key: str | None, batch: Any) -> Callable[[Any], int] | None:
     """How to count samples in a batch, decided once from the first batch (None: unknown)."""
     if isinstance(batch_size, int):
@@ -201,10 +127,12 @@ def _batch_counter(batch_size: int | Callable[[Any], int] | None, samples_key: s
 class _Epoch:
     """Running counters of one pass over the loader (slots: cheap per-step updates)."""
 
-    __slots__ = ("waits", "steps", "samples", "wait_s", "start", "end", "first_batch_s", "warned", "count", "next_event", "mark", "meter")
+    __slots__ = ("waits", "arrivals", "steps", "samples", "wait_s", "start", "end", "first_batch_s", "warned", "count", "next_event", "mark",
+                 "meter")
 
     def __init__(self) -> None:
         self.waits = array("d")
+        self.arrivals = array("d")  # perf_counter when each batch arrived (throughput over steps, for plots)
         self.steps = self.samples = 0
         self.wait_s = 0.0
         self.start: float | None = None
@@ -229,7 +157,10 @@ class StallMonitor:
     device), ``sync_cuda`` (synchronise CUDA after every step so queued GPU work
     counts as step time, not as wait: exact but slower), ``gpu_idle`` (measure the
     GPU's idle gaps between steps with CUDA events, :mod:`loaders.gpu_idle`;
-    default: when torch has initialised CUDA), ``warn`` ("warnings", "logging" or None).
+    default: when torch has initialised CUDA), ``warn`` ("warnings",
+    "logging" or None), ``on_log`` (``hook(metrics: dict, step: int)`` every
+    ``log_every`` steps and at each epoch's end, see :mod:`loaders.monitor_out`),
+    ``epoch_table`` (log :meth:`table` at each epoch's end).
 
     One ``wrap`` call is one epoch; it ends when the loader is exhausted or the
     wrapped iterator is closed (leaving a plain ``for`` loop does that at once;
@@ -252,6 +183,8 @@ class StallMonitor:
         sync_cuda: bool = False,
         gpu_idle: bool | None = None,
         warn: Literal["warnings", "logging"] | None = "warnings",
+        on_log: Callable[[dict[str, float], int], None] | None = None,
+        epoch_table: bool = False,
     ) -> None:
         if warmup < 0 or (log_every is not None and log_every < 1):
             raise ValueError(f"warmup must be >= 0 and log_every >= 1 or None (got warmup={warmup!r}, log_every={log_every!r})")
@@ -260,7 +193,10 @@ class StallMonitor:
         self.data_bound_threshold, self.low_gpu_util = data_bound_threshold, low_gpu_util
         self.sample_every_s, self.gpu, self.sync_cuda, self.warn = sample_every_s, gpu, sync_cuda, warn
         self.gpu_idle = gpu_idle
+        self.on_log, self.epoch_table = on_log, epoch_table
         self.history: list[StallSummary] = []
+        self.traces: list[tuple[np.ndarray, np.ndarray]] = []  # per finished epoch: waits (s), arrival times (s from its start)
+        self._steps_before = 0  # steps of the finished epochs: the hook's global step
         self._epoch = _Epoch()
         self._sampler: _Sampler | None = None
         self._bar: Any = None
@@ -275,7 +211,7 @@ class StallMonitor:
         self._start_sampler()
         sync = self._cuda_sync()
         meter = ep.meter = self._idle_meter()
-        pc, add, warmup = time.perf_counter, ep.waits.append, self.warmup
+        pc, add, arrive, warmup = time.perf_counter, ep.waits.append, ep.arrivals.append, self.warmup
         t0 = pc()
         exhausted = False
         if warmup == 0:
@@ -289,6 +225,7 @@ class StallMonitor:
                     break
                 t1 = pc()
                 add(t1 - t0)
+                arrive(t1)
                 if ep.steps >= warmup:
                     if meter is not None:
                         meter.ready()
@@ -320,7 +257,10 @@ class StallMonitor:
         marks = [ep.steps + _EVENT_EVERY - ep.steps % _EVENT_EVERY]
         if self.log_every:
             if ep.steps > self.warmup and ep.steps % self.log_every == 0:
-                self.logger.info("stall monitor: %s", self._window_line(ep, now))
+                line, metrics = self._window(ep, now)
+                self.logger.info("stall monitor: %s", line)
+                if self.on_log is not None:
+                    self.on_log(metrics, self._steps_before + ep.steps)
             marks.append(ep.steps + self.log_every - ep.steps % self.log_every)
         if ep.steps > self.warmup:
             if self._bar is not None:
@@ -329,25 +269,52 @@ class StallMonitor:
                 self._check(ep, None)
         ep.next_event = min(marks)
 
-    def _window_line(self, ep: _Epoch, now: float) -> str:
-        """Log line for the steps since the previous one (so it shows the present, in O(log_every))."""
+    def _window(self, ep: _Epoch, now: float) -> tuple[str, dict[str, float]]:
+        """Log line and hook metrics for the steps since the previous ones (so they show the present, in O(log_every))."""
         t, steps, wait_s, samples = ep.mark
         n, wall = ep.steps - steps, max(now - t, 1e-12)
         recent = np.frombuffer(ep.waits[max(steps, self.warmup) :], dtype=np.float64) * 1e3  # a copy: never pin the growing array
         ep.mark = [now, ep.steps, ep.wait_s, ep.samples]
-        line = f"steps {steps}-{ep.steps}: wait {(ep.wait_s - wait_s) / wall:.1%} (p95 {np.percentile(recent, 95):.1f} ms), {n / wall:.1f} batches/s"
+        p50, p95 = np.percentile(recent, [50, 95])
+        m = {"data/wait_fraction": (ep.wait_s - wait_s) / wall, "data/wait_p50_ms": float(p50), "data/wait_p95_ms": float(p95), "data/batches_per_s": n / wall}
+        line = f"steps {steps}-{ep.steps}: wait {m['data/wait_fraction']:.1%} (p95 {p95:.1f} ms), {n / wall:.1f} batches/s"
         if ep.count is not None:
-            line += f", {(ep.samples - samples) / wall:,.0f} samples/s"
-        return line + self._system_text()
+            m["data/samples_per_s"] = (ep.samples - samples) / wall
+            line += f", {m['data/samples_per_s']:,.0f} samples/s"
+        s = self._sampler
+        if s and s.gpu_util:
+            m["sys/gpu_util"], m["sys/gpu_mem_gb"] = s.gpu_util[-1], s.gpu_mem[-1]
+        if s and s.cpu:
+            m["sys/cpu_percent"], m["sys/ram_gb"] = s.cpu[-1], s.ram[-1]
+        return line + self._system_text(), m
 
     def _finish(self, ep: _Epoch) -> None:
         if self._sampler is not None:
             self._sampler.stop()
         summary = self.summary()
         self.history.append(summary)
+        arrivals = np.frombuffer(ep.arrivals, dtype=np.float64)
+        self.traces.append((np.frombuffer(ep.waits, dtype=np.float64).copy(), arrivals - (arrivals[0] if len(arrivals) else 0.0)))
+        self._steps_before += ep.steps
         if self.log_every:
             self.logger.info("stall monitor, epoch done: %s (first batch %.3f s)", summary.line(), ep.first_batch_s or 0.0)
+        if self.on_log is not None:
+            self.on_log(summary_metrics(summary), self._steps_before)
+        if self.epoch_table:
+            self.logger.info("stall monitor, epochs so far:\n%s", self.table())
         self._check(ep, summary)
+
+    def table(self) -> str:
+        """The finished epochs' summaries, one row each (see :func:`loaders.monitor_out.summary_table`)."""
+        return summary_table(self.history)
+
+    def plot(self, path: str | Path, title: str = "") -> Path:
+        """Draw wait per step and throughput over steps, all epochs so far, to the PNG ``path`` (needs matplotlib)."""
+        traces = list(self.traces)
+        if self._epoch.end is None and len(self._epoch.waits):  # the running epoch too
+            arrivals = np.frombuffer(self._epoch.arrivals, dtype=np.float64)
+            traces.append((np.frombuffer(self._epoch.waits, dtype=np.float64).copy(), arrivals - arrivals[0]))
+        return plot_steps(traces, path, title)
 
     # ------------------------------------------------------------------ results
     def summary(self) -> StallSummary:

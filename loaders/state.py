@@ -12,6 +12,12 @@ The state is a small JSON-able dict::
      "world_size": 2,       # when saved (informational: any world size may resume)
      "batches": 617}        # batches this rank had consumed in the epoch (informational)
 
+Inside the workers of torchdata's ``StatefulDataLoader``, each worker saves
+its own share: the same dict with ``position`` the start of its pass and a
+``"worker": {"id", "num_workers", "rank", "yielded"}`` entry (its batches are
+every ``num_workers``-th of the rank's from ``position``, and it yielded
+``yielded`` of them); such a state loads only into the same worker.
+
 Resuming needs only ``epoch`` and ``position`` (O(1), nothing replayed); the
 rest must match the stream it is loaded into, else :class:`CacheMismatchError`.
 """
@@ -26,7 +32,7 @@ from typing import Any, Mapping
 from cachebuild.errors import CacheMismatchError
 from cachebuild.format.manifest import Manifest
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "PlanConfig", "cache_fingerprint", "make_state", "check_state"]
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "PlanConfig", "cache_fingerprint", "make_state", "check_state", "make_worker_state", "check_worker_state"]
 
 STATE_FORMAT = "cachebuild-loader-state"
 STATE_VERSION = 1
@@ -98,3 +104,25 @@ def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str) -> 
     if not isinstance(epoch, int) or not isinstance(position, int) or epoch < 0 or position < 0:
         raise ValueError(f"loader state has an invalid epoch/position: {epoch!r}/{position!r}")
     return epoch, position
+
+
+def make_worker_state(state: dict[str, Any], worker: int, num_workers: int, rank: int, yielded: int) -> dict[str, Any]:
+    """``state`` (of a worker's pass) with the worker's share and progress added (see the module docstring)."""
+    state["worker"] = {"id": int(worker), "num_workers": int(num_workers), "rank": int(rank), "yielded": int(yielded)}
+    return state
+
+
+def check_worker_state(state: Mapping[str, Any], worker: int, num_workers: int) -> int:
+    """Batches worker ``worker`` of ``num_workers`` already yielded in the saved pass; a clear error for any other state."""
+    w = state.get("worker")
+    if not isinstance(w, Mapping):
+        raise ValueError("a DataLoader worker can only load a state saved by a worker (torchdata's StatefulDataLoader)")
+    if (w.get("id"), w.get("num_workers")) != (worker, num_workers):
+        raise ValueError(
+            f"loader state was saved by worker {w.get('id')!r} of {w.get('num_workers')!r}, "
+            f"loaded into worker {worker} of {num_workers}: resume with the same num_workers"
+        )
+    yielded = w.get("yielded")
+    if not isinstance(yielded, int) or yielded < 0:
+        raise ValueError(f"loader state has an invalid worker progress: yielded={yielded!r}")
+    return yielded

@@ -14,10 +14,14 @@ the shards its own batches touch, in the order it touches them and a few
 ahead, into a bounded local cache directory (:mod:`loaders.remote`), and
 closes each shard's mapping once its batches are built.
 
-Progress (epoch, global position) lives in the main process's stream object;
-DataLoader workers receive the epoch, start position and world at the start
-of every pass through a small shared-memory block, which also reaches
-persistent workers.
+Which epoch each pass runs follows one rule (:mod:`loaders.passes`): every
+new ``iter()`` starts the next epoch unless ``set_epoch`` or
+``load_state_dict`` said otherwise. Progress (epoch, global position) lives in
+the main process's stream object; DataLoader workers receive the epoch, start
+position and world at the start of every pass through a small shared-memory
+block, which also reaches persistent workers. Workers of other DataLoaders
+(plain torch, torchdata's ``StatefulDataLoader``) apply the rule themselves
+from the same block, and save and load their own position (torchdata).
 """
 
 from __future__ import annotations
@@ -25,27 +29,24 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import read_manifest
 from loaders.batch import Batch, Layout, PackedBatch
+from loaders.passes import Control, Progress
 from loaders.plan import DEFAULT_WINDOW, EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
 from loaders.shards import RemoteFiles, ShardSet, check_shard_files, local_path
 from loaders.slots import SlotRings
-from loaders.state import PlanConfig, cache_fingerprint, check_state, make_state
+from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state
 from loaders.views import make_view
 from loaders.world import World, detect_ranks, worker_part
 
 __all__ = ["ShardStream"]
-
-# Slots of the shared control block handed to DataLoader workers.
-_VALID, _EPOCH, _START, _RANK, _WORLD = range(5)
 
 # Remote caches: the fetcher is handed the shard order of this many batches at a time.
 _PLAN_CHUNK = 64
@@ -91,33 +92,6 @@ def shard_schedule(per_batch: list[np.ndarray]) -> tuple[list[list[int]], list[l
     return opens, closes
 
 
-class _Progress:
-    """Main-process bookkeeping: the epoch and the global batches of it the trainer consumed."""
-
-    def __init__(self) -> None:
-        self.epoch = 0
-        self.position = 0
-        self.resume = False
-        self.world_size = 1
-        self.batches = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.epoch, self.position, self.resume, self.batches = epoch, 0, False, 0
-
-    def begin(self, world_size: int) -> int:
-        """Start a pass: from the loaded position once after ``load_state_dict``, else from 0."""
-        start = self.position if self.resume else 0
-        if not self.resume:
-            self.batches = 0
-        self.position, self.resume, self.world_size = start, False, world_size
-        return start
-
-    def advance(self, n: int = 1) -> None:
-        self.position += n * self.world_size
-        self.batches += n
-
-
 class ShardStream(IterableDataset):
     """Fixed-shape batches of a cache, planned per epoch, split across ranks and workers.
 
@@ -141,8 +115,9 @@ class ShardStream(IterableDataset):
         **view_options: passed to the view (e.g. ``compact=True`` for twins).
 
     Iterate it directly (batches are dicts of tensors) or through
-    :func:`loaders.make_loader`. ``set_epoch``, ``state_dict`` and
-    ``load_state_dict`` act like a DistributedSampler's plus an exact resume.
+    :func:`loaders.make_loader`. Each new pass (``iter()``) is the next epoch,
+    unless ``set_epoch`` or ``load_state_dict`` said otherwise (see
+    :mod:`loaders.passes`); ``state_dict`` and ``load_state_dict`` resume exactly.
     """
 
     def __init__(
@@ -191,8 +166,10 @@ class ShardStream(IterableDataset):
         self._counts = np.array([s.records for s in self.manifest.shards], dtype=np.int64)
         self._rank, self._world_size = rank, world_size
         self._decode_threads = decode_threads
-        self._progress = _Progress()
-        self._control = torch.zeros(5, dtype=torch.int64).share_memory_()
+        self._progress = Progress()
+        self._control = Control()
+        self._worker_load: tuple | None = None  # a state loaded inside a worker (torchdata): epoch, start, yielded, rank, world
+        self._worker_pass: list[int] | None = None  # this worker's pass: epoch, start, worker, workers, rank, world, yielded
         self._emit_packed = False  # set on the copy a loader drives (see for_loader)
         self._reader: ShardSet | None = None
         self._reader_pid = -1
@@ -227,24 +204,68 @@ class ShardStream(IterableDataset):
     # ---- epoch and resumption
     @property
     def epoch(self) -> int:
-        return self._progress.epoch
+        """Epoch of the current (or last) pass; in a plain DataLoader's workers, worker 0's."""
+        p = self._progress
+        return self._control.worker_epoch() if not p.counted and self._control.workers_ran() else p.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch of the next pass (a new epoch starts at its beginning; the same epoch keeps a loaded position)."""
+        """Run ``epoch`` in the next pass, instead of the next epoch (the rule of :mod:`loaders.passes`).
+
+        Without calls to ``set_epoch``, each new ``iter()`` starts the next epoch
+        by itself; with them (a ``DistributedSampler``-style loop), the epoch
+        asked for. A new epoch starts at its beginning; the epoch of a loaded
+        state keeps its position. Reaches DataLoader workers, persistent or not.
+        """
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self._progress.set_epoch(int(epoch))
+        p = self._progress
+        p.set_epoch(int(epoch))
+        self._control.instruct(*p.next_pass(), exact=True)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the trainer is: epoch and global batches consumed (see :mod:`loaders.state`)."""
+        """Where the trainer is: epoch and global batches consumed (see :mod:`loaders.state`).
+
+        Inside a DataLoader worker: this worker's own pass and the batches it
+        yielded (what torchdata's ``StatefulDataLoader`` saves per worker).
+        """
+        if get_worker_info() is not None:
+            return self._worker_state()
         p = self._progress
+        if not p.counted and self._control.workers_ran():
+            raise RuntimeError(
+                "this ShardStream was iterated by the workers of a plain DataLoader, which does not tell the stream which "
+                "batches it handed to the trainer; take the state from the loader instead: loaders.loader_state(dataloader) "
+                "(persistent workers), or build the loader with loaders.make_loader(stream) and call its state_dict()"
+            )
         return make_state(p.epoch, p.position, self.config, self.fingerprint, p.world_size, p.batches)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` at the next pass: the same remaining batches, nothing decoded to get there."""
+        """Continue from ``state`` at the next pass: the same remaining batches, nothing decoded to get there.
+
+        Inside a DataLoader worker (torchdata), a state this worker saved: its next
+        pass continues its own share of the batches.
+        """
         epoch, position = check_state(state, self.config, self.fingerprint)
-        p = self._progress
-        p.epoch, p.position, p.resume, p.batches = epoch, position, True, int(state.get("batches", 0))
+        if get_worker_info() is not None:
+            w = state["worker"] if isinstance(state.get("worker"), Mapping) else {}
+            self._worker_load = (epoch, position, check_worker_state(state, *worker_part()), w.get("rank"), state.get("world_size"))
+            return
+        if "worker" in state:
+            raise ValueError("this loader state was saved inside a DataLoader worker (torchdata); load it through the same StatefulDataLoader")
+        self._progress.load(epoch, position, int(state.get("batches", 0)))
+        self._control.instruct(epoch, position, exact=False)
+
+    def _worker_state(self) -> dict[str, Any]:
+        w = self._worker_pass
+        if w is None:  # no pass yet in this worker: the one it would run
+            wid, nw = worker_part()
+            rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
+            w = [*self._control.worker_pass_preview(wid), wid, nw, rank, ws, 0]
+        epoch, start, wid, nw, rank, ws, yielded = w
+        return make_worker_state(make_state(epoch, start, self.config, self.fingerprint, ws, yielded), wid, nw, rank, yielded)
+
+    def _finished(self, world_size: int) -> Callable[[int, int], bool]:
+        return lambda epoch, start: start > 0 and self.plan(epoch).steps(world_size, start) == 0
 
     # ---- iteration
     def for_loader(self) -> "ShardStream":
@@ -256,28 +277,35 @@ class ShardStream(IterableDataset):
     def begin_pass(self) -> World:
         """Main process, before a loader's pass: resolve the world, fix the start, tell the workers."""
         world = self.world()
-        start = self._progress.begin(world.world_size)
-        self._control[:] = torch.tensor([1, self._progress.epoch, start, world.rank, world.world_size])
+        start = self._progress.begin(world.world_size, self._finished(world.world_size))
+        self._control.hand_pass(self._progress.epoch, start, world.rank, world.world_size)
         return world
 
     def __iter__(self) -> Iterator[Any]:
         wid, nw = worker_part()
         in_worker = get_worker_info() is not None
-        count = False
+        count, skip = False, 0
         if self._emit_packed:  # a loader called begin_pass() in the main process
-            valid, epoch, start, rank, ws = self._control.tolist()
-            if not valid:
+            handed = self._control.handed_pass()
+            if handed is None:
                 raise RuntimeError("ShardStream.for_loader() copy iterated without begin_pass(); use loaders.make_loader")
-        elif in_worker:  # a plain DataLoader: no pass handed over; detect here
+            epoch, start, rank, ws = handed
+        elif in_worker:  # another DataLoader's worker: it applies the epoch rule itself
             rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
-            epoch, start = self._progress.epoch, 0
+            load, self._worker_load = self._worker_load, None
+            if load is not None and tuple(load[3:]) != (rank, ws):
+                raise ValueError(f"loader state was saved by a worker of rank {load[3]} of {load[4]}, loaded in rank {rank} of {ws}: resume with the same world")
+            epoch, start = self._control.worker_pass(wid, self._finished(ws), load[:2] if load else None)
+            skip = load[2] if load else 0
+            self._worker_pass = [epoch, start, wid, nw, rank, ws, skip]
         else:  # iterated directly: this object counts what it hands out
             world = self.world()
             rank, ws = world.rank, world.world_size
-            epoch, start, count = self._progress.epoch, self._progress.begin(ws), True
+            start, count = self._progress.begin(ws, self._finished(ws)), True
+            epoch = self._progress.epoch
         world = World(rank, ws, wid, nw)
         plan = self.plan(epoch)
-        ids = plan.rank_batches(world.world_size, world.rank, start)[world.worker :: world.num_workers]
+        ids = plan.rank_batches(world.world_size, world.rank, start)[world.worker :: world.num_workers][skip:]
         if in_worker:
             tune_malloc()  # a DataLoader worker: a process the loader owns
         rings = self.slot_rings if in_worker and self._emit_packed else None
@@ -317,6 +345,8 @@ class ShardStream(IterableDataset):
             packed = PackedBatch(buf, self._spec, slot[1] if slot is not None else None)
             if count:
                 self._progress.advance()
+            elif self._worker_pass is not None and not self._emit_packed:
+                self._worker_pass[-1] += 1  # before the yield: a worker's state_dict() is taken while suspended here
             yield packed if self._emit_packed else packed.unpack()
 
     def batch(self, b: int, epoch: int | None = None) -> Batch:

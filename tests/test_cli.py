@@ -43,6 +43,7 @@ def test_generate_prints_summary_and_verifies(small_cache):
     assert r.exit_code == 0 and "600 records decoded" in r.output
     r = _run(["inspect", str(small_cache)])
     assert r.exit_code == 0 and "delta" in r.output and "ratio" in r.output
+    assert "recipe:" in r.output and 'graph.family = "' in r.output and "samples.base = 64" in r.output
 
 
 def test_same_bytes_with_two_workers(small_cache, tmp_path):
@@ -124,3 +125,15 @@ def test_sigkill_mid_build_then_resume_is_byte_identical(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"{done_before} already done" in r.stdout or done_before == 0
     assert _hashes(out) == _hashes(ref)
+
+
+def test_one_shard_is_singular_and_a_raw_ratio_says_why(tmp_path):
+    out = tmp_path / "raw"
+    r = _run(["generate", "--graphs", "5", "--out", str(out), "--codec", "none", "--workers", "1", "-q"])
+    assert r.exit_code == 0, r.output
+    r = _run(["generate", "--graphs", "5", "--out", str(out), "--codec", "none", "--workers", "1"])  # a rerun: nothing to do
+    assert "1 shard)" in r.output and "1 shards" not in r.output
+    r = _run(["verify", str(out), "-q"])
+    assert "1 shard verified" in r.output
+    r = _run(["inspect", str(out)])
+    assert "in 1 shard (" in r.output and "tar headers and padding" in r.output

@@ -16,6 +16,7 @@ def test_cpu_device_passes_batches_through(causal_cache):
     loader = make_loader(ShardStream(causal_cache, view="graphs", batch_size=50), num_workers=0)
     host = list(loader)
     for device in ("cpu", torch.device("cpu")):
+        loader.set_epoch(0)
         moved = list(to_device(loader, device))
         assert len(moved) == len(host)
         assert all(batches_equal(a, b) for a, b in zip(host, moved))

@@ -79,12 +79,16 @@ def test_resume_then_next_epoch(causal_cache):
     state = loader.state_dict()
     fresh = make_loader(_stream(causal_cache), num_workers=0)
     fresh.load_state_dict(state)
-    assert list(fresh) == []  # the saved epoch was complete
-    fresh.set_epoch(1)
     direct = _stream(causal_cache)
     direct.set_epoch(1)
-    assert all(batches_equal(a, b) for a, b in zip(fresh, direct))
-    assert len(done) == 13
+    expect = list(direct)
+    got = list(fresh)  # the saved epoch was complete: the next pass is epoch 1
+    assert fresh.state_dict()["epoch"] == 1 and len(got) == len(expect) == len(done) == 13
+    assert all(batches_equal(a, b) for a, b in zip(got, expect))
+    again = make_loader(_stream(causal_cache), num_workers=0)
+    again.load_state_dict(state)
+    again.set_epoch(0)  # the saved epoch named again: its remaining batches, none
+    assert list(again) == []
 
 
 def test_elastic_world_resume_at_stream_level(causal_cache):

@@ -68,6 +68,18 @@ class BuildOptions:
             raise ConfigError.bad_value("backend", self.backend, f"must be one of {', '.join(BACKENDS)}")
 
 
+def _n(count: int, word: str) -> str:
+    """``1 shard``, ``3 shards``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def ratio_text(ratio: float) -> str:
+    """The compression ratio, saying why a cache can be larger than its data (tar framing, e.g. a raw cache)."""
+    if ratio >= 1.0 or ratio == 0.0:
+        return f"ratio {ratio:.2f}x"
+    return f"ratio {ratio:.2f}x: tar headers and padding (512 B per payload) outweigh what compression saved, if any"
+
+
 @dataclass(frozen=True)
 class BuildSummary:
     """What a build produced, for the CLI's closing lines and for callers."""
@@ -88,11 +100,11 @@ class BuildSummary:
 
     def lines(self, unit: str = "records") -> list[str]:
         if self.already_complete:
-            return [f"cache at {self.out} is already complete ({self.records} {unit}, {self.shards} shards): nothing to do"]
+            return [f"cache at {self.out} is already complete ({self.records} {unit}, {_n(self.shards, 'shard')}): nothing to do"]
         rate = self.records / self.seconds if self.seconds > 0 and self.built else 0.0
         return [
-            f"built {self.out}: {self.records} {unit} in {self.shards} shards ({self.built} built, {self.skipped} already done)",
-            f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB (ratio {self.ratio:.2f}x)",
+            f"built {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} ({self.built} built, {self.skipped} already done)",
+            f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio)})",
             f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s, {self.raw_bytes / 1e6 / max(self.seconds, 1e-9):,.0f} MB/s raw",
         ]
 

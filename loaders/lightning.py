@@ -1,0 +1,95 @@
+"""Lightning: a ``LightningDataModule`` whose checkpoints resume the stream exactly, under DDP too.
+
+Lightning never calls ``set_epoch`` on a loader (only on a sampler), and it
+restores a loader's ``state_dict`` only when it restarts in the middle of an
+epoch. The stream's epoch rule (:mod:`loaders.passes`: each new pass is the
+next epoch) takes care of the first; this module takes care of the second:
+:class:`StreamDataModule` stores the loader's state in every checkpoint (as
+the datamodule's own state, which Lightning always restores) and applies it
+to the loader before Lightning starts iterating it, mid-epoch or at an epoch
+boundary alike::
+
+    from loaders import ShardStream
+    from loaders.lightning import StreamDataModule
+
+    dm = StreamDataModule(lambda: ShardStream(root, view="twins", batch_size=4096, seed=0), num_workers=4)
+    trainer = lightning.Trainer(max_epochs=10, strategy="ddp", devices=8)
+    trainer.fit(model, datamodule=dm)                  # and later: trainer.fit(model, datamodule=dm, ckpt_path=...)
+
+The stream is built in ``train_dataloader()``, i.e. in every rank after the
+process group exists, so each rank reads its own share. ``lightning`` (or
+``pytorch_lightning``) is an optional dependency: ``pip install lightning``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # the older package name
+    try:
+        import pytorch_lightning as pl
+    except ImportError as e:
+        raise ImportError("loaders.lightning needs Lightning: pip install lightning") from e
+
+from loaders.loader import StreamLoader, make_loader
+from loaders.stream import ShardStream
+
+__all__ = ["StreamDataModule"]
+
+
+class StreamDataModule(pl.LightningDataModule):
+    """The training loader of a :class:`ShardStream`, with its position in checkpoints.
+
+    Args:
+        train: builds the training stream (called once, in each rank).
+        **loader_kwargs: passed to :func:`loaders.make_loader` (``num_workers``,
+            ``prefetch_factor``, ``pin_memory``, ...).
+
+    A validation loader is the user's to add (subclass and define
+    ``val_dataloader``: a ``make_loader`` whose ``set_epoch(0)`` is called
+    before each validation pass, so every pass sees the same batches).
+
+    Checkpoint contents (``state_dict``): the training loader's state (see
+    :mod:`loaders.state`) and whether Lightning had finished that epoch, so a
+    checkpoint taken at an epoch's end (even one cut short by
+    ``limit_train_batches``) resumes with the next epoch from its start.
+    """
+
+    def __init__(self, train: Callable[[], ShardStream], **loader_kwargs: Any):
+        super().__init__()
+        self._make_train, self.loader_kwargs = train, loader_kwargs
+        self.train_loader: StreamLoader | None = None
+        self._pending: dict[str, Any] | None = None
+
+    def train_dataloader(self) -> StreamLoader:
+        if self.train_loader is None:
+            self.train_loader = make_loader(self._make_train(), **self.loader_kwargs)
+        if self._pending is not None:
+            self._apply(self.train_loader, self._pending)
+            self._pending = None
+        return self.train_loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training loader's position, and whether Lightning finished its epoch."""
+        if self.train_loader is None:
+            return dict(self._pending or {})
+        trainer = getattr(self, "trainer", None)
+        progress = trainer.fit_loop.epoch_progress.current if trainer is not None else None
+        done = progress is not None and progress.started > 0 and progress.processed == progress.started
+        return {"loader": self.train_loader.state_dict(), "epoch_done": bool(done)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Keep ``state`` for the training loader (applied when Lightning asks for it, before iterating)."""
+        self._pending = dict(state) if state else None
+        if self._pending is not None and self.train_loader is not None:
+            self._apply(self.train_loader, self._pending)
+            self._pending = None
+
+    @staticmethod
+    def _apply(loader: StreamLoader, state: dict[str, Any]) -> None:
+        saved = state["loader"]
+        loader.load_state_dict(saved)
+        if state.get("epoch_done"):
+            loader.set_epoch(int(saved["epoch"]) + 1)

@@ -1,0 +1,166 @@
+"""Which epoch, and from which batch, each pass over a :class:`~loaders.ShardStream` runs.
+
+The rule, the same wherever the stream is iterated:
+
+* every new pass (every ``iter()`` of the stream or of a loader over it)
+  starts the **next epoch** from its first batch;
+* unless ``set_epoch(e)`` was called since the previous pass: then the pass
+  runs epoch ``e`` (so the usual ``loader.set_epoch(epoch)`` loop, and
+  trainers that never call it, both get each epoch once, in order);
+* or ``load_state_dict(state)`` was: then the pass continues the saved epoch
+  at the saved position; a state saved at the very end of an epoch continues
+  with the next epoch, from its start (unless ``set_epoch`` named the saved
+  epoch again: then that epoch's remaining batches, none).
+
+A pass left unfinished (a ``break``) still counts: the next ``iter()`` starts
+the next epoch.
+
+The first pass of a new stream runs epoch 0.
+
+Where the passes run decides who applies the rule:
+
+* iterated directly, or through :func:`loaders.make_loader`: the main
+  process (:class:`Progress`), which also counts the batches the trainer
+  received, so ``state_dict()`` is exact;
+* inside the workers of any other DataLoader (a plain ``torch`` DataLoader,
+  torchdata's ``StatefulDataLoader``): each worker, from a small shared-memory
+  block (:class:`Control`) that reaches persistent workers and fresh ones
+  alike. The main process writes instructions there (``set_epoch``,
+  ``load_state_dict``); every worker keeps, in its own slot, the epoch of its
+  last pass and the instruction it already obeyed. All workers of a
+  DataLoader run one pass each per ``iter()``, so their epochs stay equal.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+__all__ = ["MAX_WORKERS", "Progress", "Control"]
+
+MAX_WORKERS = 256
+"""DataLoader workers a stream can count passes for (one 32-byte slot each)."""
+
+# Head of the control block: the pass a loader hands its workers, then the main process's instruction.
+_VALID, _EPOCH, _START, _RANK, _WORLD, _GEN, _IEPOCH, _ISTART, _IEXACT, _PLAIN = range(10)
+_HEAD = 16
+# Per-worker slot: instruction generation obeyed, epoch and start of its last pass.
+_W_SEEN, _W_EPOCH, _W_START, _W_SLOT = 0, 1, 2, 4
+
+Finished = Callable[[int, int], bool]
+"""``finished(epoch, start)``: True when no batch of ``epoch`` is left from global batch ``start``."""
+
+
+class Progress:
+    """Main-process bookkeeping: the epoch, and the global batches of it the trainer consumed."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.position = 0
+        self.resume = False  # the next pass continues (epoch, position): load_state_dict
+        self.pinned = True  # the next pass runs self.epoch (from 0, or a loaded position): a new stream, or set_epoch
+        self.counted = False  # a pass ran here (directly or through a loader)
+        self.world_size = 1
+        self.batches = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.position, self.resume, self.batches = epoch, 0, False, 0
+        self.pinned = True
+
+    def load(self, epoch: int, position: int, batches: int) -> None:
+        self.epoch, self.position, self.resume, self.batches, self.pinned = epoch, position, True, batches, False
+
+    def next_pass(self) -> tuple[int, int]:
+        """``(epoch, start)`` the next pass would run, before :meth:`begin` (a resumed position may be the epoch's end)."""
+        if self.resume:
+            return self.epoch, self.position
+        return (self.epoch, 0) if self.pinned else (self.epoch + 1, 0)
+
+    def begin(self, world_size: int, finished: Finished) -> int:
+        """Start a pass by the rule above; returns its start (global batches of the epoch already consumed)."""
+        epoch, start = self.next_pass()
+        if not self.pinned and finished(epoch, start):  # a state saved at the end of an epoch: the next one follows
+            epoch, start = epoch + 1, 0
+        if epoch != self.epoch or not self.resume:
+            self.batches = 0
+        self.epoch, self.position, self.resume, self.pinned, self.counted = epoch, start, False, False, True
+        self.world_size = world_size
+        return start
+
+    def advance(self, n: int = 1) -> None:
+        self.position += n * self.world_size
+        self.batches += n
+
+
+class Control:
+    """The shared-memory block between the main process's stream and the DataLoader workers' copies.
+
+    Pickles as a shared tensor, so workers started by ``fork`` or ``spawn``,
+    persistent or not, all read and write the same memory.
+    """
+
+    def __init__(self) -> None:
+        self.block = torch.zeros(_HEAD + MAX_WORKERS * _W_SLOT, dtype=torch.int64).share_memory_()
+        self.block[_GEN] = 1  # instruction 1 (no worker obeyed it yet): the first pass runs epoch 0 from 0
+
+    # ---- a loader's pass (make_loader): the main process decided it
+    def hand_pass(self, epoch: int, start: int, rank: int, world_size: int) -> None:
+        self.block[:_GEN] = torch.tensor([1, epoch, start, rank, world_size])
+
+    def handed_pass(self) -> tuple[int, int, int, int] | None:
+        valid, epoch, start, rank, ws = self.block[:_GEN].tolist()
+        return (epoch, start, rank, ws) if valid else None
+
+    # ---- other DataLoaders: the main process instructs, each worker decides
+    def instruct(self, epoch: int, start: int, exact: bool) -> None:
+        """The next pass of every worker runs ``epoch`` from ``start`` (``set_epoch``, ``load_state_dict``).
+
+        ``exact`` (``set_epoch``): even when no batch is left there; else an
+        epoch's end moves on to the next epoch.
+        """
+        self.block[_IEPOCH], self.block[_ISTART], self.block[_IEXACT] = epoch, start, int(exact)
+        self.block[_GEN] += 1
+
+    def worker_pass(self, worker: int, finished: Finished, override: tuple[int, int] | None = None) -> tuple[int, int]:
+        """``(epoch, start)`` of worker ``worker``'s new pass by the rule; recorded in its slot.
+
+        ``override`` (a state loaded into this worker, as torchdata does) wins over
+        both the instruction and the automatic next epoch.
+        """
+        if worker >= MAX_WORKERS:
+            raise ValueError(f"a ShardStream counts passes for at most {MAX_WORKERS} DataLoader workers, got worker {worker}")
+        base = _HEAD + worker * _W_SLOT
+        gen = int(self.block[_GEN])
+        exact = override is not None
+        if override is not None:
+            epoch, start = override
+        elif int(self.block[base + _W_SEEN]) != gen:
+            epoch, start, exact = int(self.block[_IEPOCH]), int(self.block[_ISTART]), bool(self.block[_IEXACT])
+        else:
+            epoch, start = int(self.block[base + _W_EPOCH]) + 1, 0
+        if not exact and finished(epoch, start):
+            epoch, start = epoch + 1, 0
+        self.block[base + _W_SEEN], self.block[base + _W_EPOCH], self.block[base + _W_START] = gen, epoch, start
+        self.block[_PLAIN] = 1
+        return epoch, start
+
+    def worker_pass_preview(self, worker: int) -> tuple[int, int]:
+        """``(epoch, start)`` worker ``worker``'s next pass would run (recording nothing)."""
+        base = _HEAD + worker * _W_SLOT
+        if int(self.block[base + _W_SEEN]) != int(self.block[_GEN]):
+            return int(self.block[_IEPOCH]), int(self.block[_ISTART])
+        return int(self.block[base + _W_EPOCH]) + 1, 0
+
+    def workers_ran(self) -> bool:
+        """True once workers of a DataLoader other than ``make_loader``'s ran a pass."""
+        return bool(self.block[_PLAIN])
+
+    def worker_epoch(self, worker: int = 0) -> int:
+        """Epoch of worker ``worker``'s last pass."""
+        return int(self.block[_HEAD + worker * _W_SLOT + _W_EPOCH])
+
+    def worker_start(self, worker: int = 0) -> int:
+        """Global batch worker ``worker``'s last pass started from."""
+        return int(self.block[_HEAD + worker * _W_SLOT + _W_START])

@@ -1,0 +1,75 @@
+"""One Lightning training run over a ShardStream, for tests/test_loader_lightning.py (run as a script).
+
+``python tests/lightning_run.py CACHE OUT TAG [--ckpt PATH] [--die-at STEP] [--devices N]``
+trains a tiny model with Lightning's DDP (gloo, CPU) for two epochs through
+:class:`loaders.lightning.StreamDataModule`, and writes every batch each rank
+trained on (epoch, step, record ids) to ``OUT/TAG-rank<r>.jsonl``. It saves a
+checkpoint after every step (``OUT/TAG-steps/``) and at every epoch's end
+(``OUT/TAG-epochs/``). ``--die-at S`` kills every rank (``os._exit``) right
+after step ``S``, before that step's checkpoint: a crash mid-epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import lightning.pytorch as pl  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+from loaders import ShardStream  # noqa: E402
+from loaders.lightning import StreamDataModule  # noqa: E402
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self, log: Path):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.log_path = log
+
+    def training_step(self, batch, batch_idx):
+        ids = batch["record_id"][~batch["is_pad"]].tolist()
+        with open(self.log_path.with_name(f"{self.log_path.name}-rank{self.global_rank}.jsonl"), "a") as f:
+            f.write(json.dumps({"epoch": self.current_epoch, "step": self.global_step, "ids": ids}) + "\n")
+        return (self.w * batch["record_id"].float().mean()).sum() ** 2
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+class Die(pl.Callback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            os._exit(3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cache"), ap.add_argument("out"), ap.add_argument("tag")
+    ap.add_argument("--ckpt"), ap.add_argument("--die-at", type=int), ap.add_argument("--devices", type=int, default=2)
+    a = ap.parse_args()
+    out = Path(a.out)
+    dm = StreamDataModule(lambda: ShardStream(a.cache, view="graphs", batch_size=16, seed=3), num_workers=1, prefetch_factor=2)
+    callbacks = [Die(a.die_at)] if a.die_at is not None else []
+    callbacks += [
+        ModelCheckpoint(dirpath=out / f"{a.tag}-steps", filename="{step}", every_n_train_steps=1, save_top_k=-1),
+        ModelCheckpoint(dirpath=out / f"{a.tag}-epochs", filename="{epoch}-end", every_n_epochs=1, save_on_train_epoch_end=True, save_top_k=-1),
+    ]
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=a.devices, strategy="ddp" if a.devices > 1 else "auto", max_epochs=2, callbacks=callbacks,
+        logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    )
+    trainer.fit(Tiny(out / a.tag), datamodule=dm, ckpt_path=a.ckpt)
+
+
+if __name__ == "__main__":
+    main()

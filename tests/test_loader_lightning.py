@@ -1,0 +1,76 @@
+"""Real Lightning (CPU, DDP over 2 gloo ranks) with loaders.lightning.StreamDataModule.
+
+One reference run of two epochs; one run killed mid-epoch and resumed from its
+last checkpoint; one resume from the reference's epoch-end checkpoint. Every
+rank must see epochs that differ and together cover the cache, and a resumed
+run must train on exactly the batches the reference trained on from there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loader_fixtures import causal_cache  # noqa: F401
+
+pytest.importorskip("lightning")
+
+pytestmark = [pytest.mark.slow, pytest.mark.dist, pytest.mark.timeout(600)]
+
+SCRIPT = Path(__file__).with_name("lightning_run.py")
+RANKS = 2
+
+
+def _run(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]))
+    return subprocess.run([sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _batches(out: Path, tag: str, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (out / f"{tag}-rank{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(causal_cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lightning")
+    done = _run(causal_cache, out, "ref")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, {r: _batches(out, "ref", r) for r in range(RANKS)}
+
+
+def test_epochs_differ_and_cover_the_cache(reference):
+    _, ref = reference
+    per_epoch = {e: [i for r in range(RANKS) for b in ref[r] if b["epoch"] == e for i in b["ids"]] for e in (0, 1)}
+    assert sorted(per_epoch[0]) == sorted(per_epoch[1]) == list(range(200))  # each record once per epoch, over both ranks
+    assert per_epoch[0] != per_epoch[1]
+    assert len({len([b for b in ref[r] if b["epoch"] == 0]) for r in range(RANKS)}) == 1  # equal steps per rank
+
+
+def test_killed_mid_epoch_resumes_with_exactly_the_remaining_batches(causal_cache, reference):
+    out, ref = reference
+    killed = _run(causal_cache, out, "killed", "--die-at", "4")
+    assert killed.returncode != 0  # died after step 4, before its checkpoint
+    last = out / "killed-steps" / "step=3.ckpt"
+    assert last.exists() and not (out / "killed-steps" / "step=4.ckpt").exists()
+    resumed = _run(causal_cache, out, "resumed", "--ckpt", str(last))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for r in range(RANKS):
+        before, after = _batches(out, "killed", r), _batches(out, "resumed", r)
+        assert [b["ids"] for b in before] == [b["ids"] for b in ref[r][:4]]
+        assert [b["ids"] for b in after] == [b["ids"] for b in ref[r][3:]], f"rank {r}"
+        assert [b["epoch"] for b in after] == [b["epoch"] for b in ref[r][3:]]
+
+
+def test_resume_at_an_epoch_boundary_runs_the_next_epoch(causal_cache, reference):
+    out, ref = reference
+    resumed = _run(causal_cache, out, "boundary", "--ckpt", str(out / "ref-epochs" / "epoch=0-end.ckpt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for r in range(RANKS):
+        after = _batches(out, "boundary", r)
+        expect = [b for b in ref[r] if b["epoch"] == 1]
+        assert [b["ids"] for b in after] == [b["ids"] for b in expect] and {b["epoch"] for b in after} == {1}, f"rank {r}"
