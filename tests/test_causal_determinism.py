@@ -52,6 +52,9 @@ def test_manifest_records_what_the_bytes_depend_on(tmp_path: Path) -> None:
     assert det["sub_block_graphs"] == sub_block_size(CausalConfig())
     assert det["numpy"] == np.__version__
     assert build["environment"]["numpy_simd"] == numpy_simd_features()
+    import zstandard
+
+    assert build["environment"]["zstd"] == ".".join(map(str, zstandard.ZSTD_VERSION))
 
 
 def test_another_numpy_version_refuses_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,8 @@ The block size and the numpy version are part of the build fingerprint (a
 resumed or repeated build with another numpy refuses to mix shards). The SIMD
 features are recorded in the manifest only: the machines of one distributed
 build may differ there, and a cache built on them is valid, just not
-bit-identical to a build on one machine.
+bit-identical to a build on one machine. So is the zstd library version: it
+may change the compressed bytes of a zstd shard, never the records in it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ def source_determinism(source: Any, default_block_records: int) -> dict[str, Any
     return doc
 
 
+def _zstd_version() -> str | None:
+    try:
+        import zstandard
+    except ImportError:
+        return None
+    return ".".join(str(v) for v in zstandard.ZSTD_VERSION)
+
+
 def build_environment() -> dict[str, Any]:
-    """Facts about the building host that may change the last bits (manifest only)."""
-    return {"numpy_simd": numpy_simd_features()}
+    """Facts about the building host that may change bytes but not records' meaning (manifest only)."""
+    return {"numpy_simd": numpy_simd_features(), "zstd": _zstd_version()}
