@@ -58,7 +58,7 @@ def limits(source: CausalSource, codec, sample: int) -> tuple[float, float, floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphs", type=int, default=100_000)
-    ap.add_argument("--config", type=Path, default=None, help="recipe (default: built-in = configs/causal-default.toml)")
+    ap.add_argument("--config", type=Path, default=None, help="recipe (default: built-in = configs/causal-users-2026-01-15.toml)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/cachebuild-bench-build"))
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--level", type=int, default=1)

@@ -54,7 +54,7 @@ def _workers_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 @main.command()
 @click.option("--graphs", "-n", type=int, default=None, help="Number of graphs (records) to build [default: recipe's 'graphs', else 10000].")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("cache/causal"), show_default=True, help="Cache folder (created).")
-@click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None, help="TOML recipe (see configs/); flags override it. Default: built-in defaults = configs/causal-default.toml.")
+@click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None, help="TOML recipe (see configs/); flags override it. Default: the built-in defaults, equal to configs/causal-users-2026-01-15.toml (the users' newest generator).")
 @click.option("--seed", type=int, default=None, help="Base seed [default: recipe's, else 0]. Shard i is seeded from (seed, i).")
 @_workers_option
 @click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec: zstd, or none (raw, for tmpfs) [default: zstd].")
@@ -79,9 +79,15 @@ def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, fa
     """Build a cache of random causal graphs with observational, interventional and
     twin-world samples.
 
-    Parallel over shards, deterministic (same recipe and seed give byte-identical
-    shards for any --workers or backend) and resumable: rerun the same command
-    after an interruption and it finishes the cache, skipping shards that verify.
+    Default recipe: the users' generator of 2026-01-15
+    (configs/causal-users-2026-01-15.toml; interaction nodes drawn once per graph so
+    twin worlds stay exact). Others: configs/causal-users-2026-01-06.toml,
+    configs/causal-rich.toml, configs/causal-linear.toml.
+
+    Parallel over shards, deterministic (same recipe, seed, numpy version and CPU
+    kind give byte-identical shards for any --workers or backend) and resumable:
+    rerun the same command after an interruption and it finishes the cache,
+    skipping shards that verify.
     """
     from cachebuild.jobs import run_causal_build
 

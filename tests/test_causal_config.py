@@ -21,19 +21,68 @@ def test_empty_table_gives_defaults() -> None:
     assert cfg == CausalConfig()
     assert cfg.graph.family == "topo" and (cfg.graph.n_min, cfg.graph.n_max) == (5, 10)
     assert cfg.graph.edge_prob == 0.3 and cfg.mechanism.kind == "nonlinear"
-    assert cfg.interventions.coeffs == (-2.0, -1.0, 1.0, 2.0) and cfg.samples.base == 64 and cfg.samples.twin
+    assert cfg.interventions.coeffs == (-2.0, 2.0) and cfg.samples.base == 64 and cfg.samples.twin
+    assert cfg.samples.standardize == "pooled" and cfg.noise.kind == "mixed" and cfg.noise.convention == "numpy"
 
 
-def test_default_toml_reproduces_defaults() -> None:
-    data = tomllib.loads((CONFIGS / "causal-default.toml").read_text())
+def _load(name: str) -> CausalConfig:
+    return parse_causal_config(tomllib.loads((CONFIGS / name).read_text()))
+
+
+def test_users_2026_01_15_toml_is_the_builtin_default() -> None:
+    data = tomllib.loads((CONFIGS / "causal-users-2026-01-15.toml").read_text())
     assert "seed" in data and "graphs" in data
     assert parse_causal_config(data) == CausalConfig()
+    # every key is spelled out in the file, so the file alone documents the default
+    for section, table in CausalConfig().to_dict().items():
+        assert set(data[section]) == set(table), section
+
+
+def test_recipes_spell_out_every_key() -> None:
+    keys = {section: set(table) for section, table in CausalConfig().to_dict().items()}
+    for name in ("causal-users-2026-01-06.toml", "causal-rich.toml"):
+        data = tomllib.loads((CONFIGS / name).read_text())
+        assert {s: set(data[s]) for s in keys} == keys, name
+
+
+def test_users_2026_01_06_toml() -> None:
+    cfg = _load("causal-users-2026-01-06.toml")
+    mc = cfg.mechanism
+    assert mc.clip_term is None and mc.clip_parent is None and mc.clip_value == 100.0 and mc.weights == "one"
+    assert dict(zip(mc.functions, mc.function_weights))["linear"] == 3.0 and sum(mc.function_weights) == 16
+    assert cfg.interventions.coeffs == (-2.0, -1.0, 1.0, 2.0) and cfg.samples.standardize == "none"
+    assert cfg.noise.kind == "normal" and cfg.interventions.sigma_ddof == 1
+
+
+def test_rich_toml_is_the_previous_default() -> None:
+    cfg = _load("causal-rich.toml")
+    mc = cfg.mechanism
+    assert mc.weights == "signed_uniform" and (mc.clip_parent, mc.clip_term, mc.clip_value) == (10.0, 10.0, 100.0)
+    assert mc.functions[0] == "linear" and mc.function_weights[0] == 2.0 and len(mc.functions) == 16
+    assert cfg.noise.convention == "unit_variance" and cfg.samples.standardize == "none"
+    assert cfg.interventions.sigma_ddof == 0 and cfg.interventions.sigma_min == 0.0
 
 
 def test_linear_toml_is_linear_gaussian() -> None:
-    cfg = parse_causal_config(tomllib.loads((CONFIGS / "causal-linear.toml").read_text()))
+    cfg = _load("causal-linear.toml")
     assert cfg.mechanism.kind == "linear" and cfg.noise.kind == "normal"
-    assert not cfg.samples.standardize
+    assert cfg.samples.standardize == "none" and cfg.mechanism.weights == "signed_uniform"
+
+
+def test_old_boolean_standardize_still_parses() -> None:
+    assert parse_causal_config({"samples": {"standardize": True}}).samples.standardize == "base"
+    assert parse_causal_config({"samples": {"standardize": False}}).samples.standardize == "none"
+
+
+def test_value_scale_number_or_range() -> None:
+    assert parse_causal_config({"interventions": {"value_scale": 2.0}}).interventions.value_scale == (2.0, 2.0)
+    cfg = parse_causal_config({"interventions": {"value_scale": [1, 50]}})
+    assert cfg.interventions.value_scale == (1.0, 50.0)
+
+
+def test_functions_without_weights_get_equal_weights() -> None:
+    cfg = parse_causal_config({"mechanism": {"functions": ["sin", "abs"]}})
+    assert cfg.mechanism.function_weights == (1.0, 1.0)
 
 
 def test_ignored_top_level_keys() -> None:
@@ -56,9 +105,9 @@ def test_to_dict_round_trips_through_json() -> None:
 def test_sizes() -> None:
     cfg = CausalConfig()
     assert cfg.max_nodes() == 10
-    assert cfg.max_interventions() == 5 * 4
-    # mean over n = 5..10 of the payload bytes: about 55-60 KB for the defaults
-    assert 50_000 < cfg.estimated_record_bytes() < 65_000
+    assert cfg.max_interventions() == 5 * 2
+    # mean over n = 5..10 of the payload bytes: about 30 KB for the defaults (K = 2 per target)
+    assert 25_000 < cfg.estimated_record_bytes() < 35_000
 
 
 _bad = [
@@ -92,6 +141,21 @@ _bad = [
     ({"samples": {"base": 0}}, "samples.base"),
     ({"samples": {"per_intervention": 32}}, "samples.per_intervention"),
     ({"samples": {"twin": "yes"}}, "samples.twin"),
+    ({"samples": {"standardize": "global"}}, "samples.standardize"),
+    ({"mechanism": {"weights": "random"}}, "mechanism.weights"),
+    ({"mechanism": {"w_hi": 500.0}}, "mechanism.w_hi"),
+    ({"mechanism": {"clip_term": "off"}}, "mechanism.clip_term"),
+    ({"mechanism": {"clip_parent": -1.0}}, "mechanism.clip_parent"),
+    ({"mechanism": {"clip_value": "none"}}, "mechanism.clip_value"),
+    ({"mechanism": {"function_weights": [1.0, 2.0]}}, "mechanism.function_weights"),
+    ({"mechanism": {"functions": ["sin", "abs"], "function_weights": [1.0, 0.0]}}, "mechanism.function_weights"),
+    ({"noise": {"convention": "scipy"}}, "noise.convention"),
+    ({"noise": {"scale": 5000.0}}, "noise.scale"),
+    ({"interventions": {"value_scale": [2.0, 1.0]}}, "interventions.value_scale"),
+    ({"interventions": {"value_scale": [1.0, 2000.0]}}, "interventions.value_scale"),
+    ({"interventions": {"value_scale": -1.0}}, "interventions.value_scale"),
+    ({"interventions": {"sigma_ddof": 2}}, "interventions.sigma_ddof"),
+    ({"interventions": {"sigma_min": -0.1}}, "interventions.sigma_min"),
     ({"samples": {"base": True}}, "samples.base"),
     ({"noise": {"kindd": "normal"}}, "noise.kindd"),
     ({"graphh": {}}, "graphh"),
@@ -136,6 +200,8 @@ _configs = st.fixed_dictionaries(
                 "kind": st.sampled_from(["linear", "nonlinear"]),
                 "functions": st.lists(st.sampled_from(EDGE_FUNCTIONS), min_size=1, unique=True),
                 "interaction_prob": st.floats(0, 1),
+                "weights": st.sampled_from(["one", "signed_uniform"]),
+                "clip_term": st.one_of(st.just("none"), st.floats(0.1, 100)),
             }
         ),
         "noise": st.fixed_dictionaries(
@@ -146,9 +212,12 @@ _configs = st.fixed_dictionaries(
                 "mode": st.sampled_from(["adaptive", "fixed", "sampled"]),
                 "coeffs": st.lists(st.floats(-3, 3), min_size=1, max_size=5),
                 "intervention_prob": st.floats(0, 1),
+                "value_scale": st.one_of(st.floats(0, 10), st.tuples(st.floats(0, 1), st.floats(1, 10)).map(list)),
             }
         ),
-        "samples": st.fixed_dictionaries({"twin": st.booleans(), "standardize": st.booleans()}),
+        "samples": st.fixed_dictionaries(
+            {"twin": st.booleans(), "standardize": st.sampled_from(["none", "base", "pooled"])}
+        ),
     }
 )
 
@@ -161,3 +230,26 @@ def test_round_trip_property(data: dict) -> None:
     again = parse_causal_config(json.loads(json.dumps(cfg.to_dict())))
     assert again == cfg
     assert again.to_dict() == cfg.to_dict()
+
+
+def test_out_of_range_message_names_key_value_and_range() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_causal_config({"mechanism": {"w_hi": 500.0}})
+    msg = str(info.value)
+    assert "'mechanism.w_hi'" in msg and "500.0" in msg and "[0.5, 100]" in msg
+    with pytest.raises(ConfigError) as info:
+        parse_causal_config({"interventions": {"value_scale": [1.0, 2000.0]}})
+    msg = str(info.value)
+    assert "'interventions.value_scale'" in msg and "2000.0" in msg and "1000" in msg
+
+
+def test_recipe_file_error_through_the_cli(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[mechanism]\nclip_value = 1e9\n')
+    r = CliRunner().invoke(main, ["generate", "--config", str(bad), "--graphs", "5", "--out", str(tmp_path / "o"), "-q"])
+    assert r.exit_code == 2
+    assert "'mechanism.clip_value'" in r.output and "1000000000.0" in r.output and "(0, 1e+06]" in r.output

@@ -11,7 +11,8 @@ import pytest
 
 from cachebuild.causal import CAUSAL_FIELDS, EDGE_FUNCTIONS, generate_graphs, parse_causal_config
 from cachebuild.causal.graphs import expected_edge_count
-from cachebuild.causal.mechanisms import NOISE_KINDS, apply_edge_function, sample_noise
+from cachebuild.causal.functions import EDGE_FUNCTION_IDS, EDGE_FUNCTION_REGISTRY, apply_edge_function
+from cachebuild.causal.noise import NOISE_KINDS, sample_noise
 
 
 def _cfg(**sections: dict[str, Any]):
@@ -54,8 +55,9 @@ def _structural_part(rec: dict, x: np.ndarray, j: int, cfg) -> np.ndarray:
         if mc.kind == "linear":
             terms.append(w * x[:, i])
         else:
-            f = apply_edge_function(int(rec["edge_fn"][i, j]), np.clip(x[:, i], -mc.clip_parent, mc.clip_parent))
-            terms.append(np.clip(w * f, -mc.clip_term, mc.clip_term))
+            xi = x[:, i] if mc.clip_parent is None else np.clip(x[:, i], -mc.clip_parent, mc.clip_parent)
+            t = w * apply_edge_function(int(rec["edge_fn"][i, j]), xi)
+            terms.append(t if mc.clip_term is None else np.clip(t, -mc.clip_term, mc.clip_term))
     if rec["interaction"][j]:
         terms = [terms[0] * terms[1]] + terms[2:]
     return np.sum(terms, axis=0) if terms else np.zeros(x.shape[0], np.float32)
@@ -77,31 +79,50 @@ def _check_descendants_follow_mechanism(recs: list[dict], cfg) -> None:
                 assert np.all(np.abs(got - want)[ok] <= 2e-4 * scale[ok]), (rec["json"], j, k)
 
 
-@pytest.mark.parametrize("standardize", [False, True])
+@pytest.mark.parametrize("standardize", ["none", "base", "pooled"])
 @pytest.mark.parametrize("kind", ["linear", "nonlinear"])
-def test_twin_delta_exact(kind: str, standardize: bool) -> None:
-    cfg = _cfg(mechanism={"kind": kind}, samples={"standardize": standardize}, noise={"kind": "mixed"})
+@pytest.mark.parametrize("weights", ["one", "signed_uniform"])
+def test_twin_delta_exact(kind: str, standardize: str, weights: str) -> None:
+    mech = {"kind": kind, "weights": weights}
+    cfg = _cfg(mechanism=mech, samples={"standardize": standardize}, noise={"kind": "mixed"})
     recs = generate_graphs(cfg, np.random.default_rng(1), 200)
     assert _check_twin_exactness(recs) > 0  # some descendants exist, so the test is not vacuous
-    if not standardize:
+    if standardize == "none":
         _check_descendants_follow_mechanism(recs[:40], cfg)
 
 
 @pytest.mark.parametrize("name", EDGE_FUNCTIONS)
 def test_each_edge_function(name: str) -> None:
-    for standardize in (False, True):
-        cfg = _cfg(mechanism={"functions": [name], "interaction_prob": 0.5}, samples={"standardize": standardize})
+    for standardize in ("none", "pooled"):
+        mech = {"functions": [name], "interaction_prob": 0.5, "clip_parent": 10.0}
+        cfg = _cfg(mechanism=mech, samples={"standardize": standardize})
         recs = generate_graphs(cfg, np.random.default_rng(EDGE_FUNCTIONS.index(name)), 60)
         for rec in recs:
             assert np.all(rec["edge_fn"][rec["adj"] == 1] == EDGE_FUNCTIONS.index(name))
             assert np.all(rec["edge_fn"][rec["adj"] == 0] == -1)
         assert _check_twin_exactness(recs) > 0
-        if not standardize:
+        if standardize == "none":
             _check_descendants_follow_mechanism(recs[:25], cfg)
 
 
+_PINNED_IDS = {
+    "linear": 0, "neg_linear": 1, "sin": 2, "cos": 3, "tanh": 4, "log": 5, "exp": 6, "sqrt": 7,
+    "quadratic": 8, "cubic": 9, "sigmoid": 10, "step": 11, "abs": 12, "poly": 13, "sawtooth": 14,
+    "rational": 15, "linear_2x": 16, "neg_linear_2x": 17, "quadratic_clip5": 18, "cubic_clip3": 19,
+    "cubic_clip5": 20, "poly_clip5": 21, "sawtooth_centered": 22, "log_abs_clip5": 23, "sqrt_abs": 24,
+}  # fmt: skip
+
+
+def test_edge_function_ids_are_pinned() -> None:
+    """Stored ids keep their meaning: a new function may only be appended with the next id."""
+    assert EDGE_FUNCTION_IDS == _PINNED_IDS | {n: EDGE_FUNCTION_IDS[n] for n in EDGE_FUNCTIONS[len(_PINNED_IDS):]}
+    assert list(EDGE_FUNCTION_IDS.values()) == list(range(len(EDGE_FUNCTIONS)))
+    assert all(f.id == i and f.name == EDGE_FUNCTIONS[i] for i, f in enumerate(EDGE_FUNCTION_REGISTRY))
+
+
 def test_edge_function_semantics() -> None:
-    x = np.array([-2.5, -1.0, 0.0, 0.5, 3.0], np.float32)
+    x = np.array([-7.0, -2.5, -1.0, 0.0, 0.5, 3.0, 6.0], np.float32)
+    c5, c3 = np.clip(x, -5, 5), np.clip(x, -3, 3)
     want = {
         "linear": x,
         "neg_linear": -x,
@@ -109,7 +130,7 @@ def test_edge_function_semantics() -> None:
         "cos": np.cos(x),
         "tanh": np.tanh(x),
         "log": np.sign(x) * np.log1p(np.abs(x)),
-        "exp": np.exp(np.clip(x, -5, 5)),
+        "exp": np.exp(c5),
         "sqrt": np.sign(x) * np.sqrt(np.abs(x)),
         "quadratic": x**2,
         "cubic": x**3,
@@ -119,8 +140,17 @@ def test_edge_function_semantics() -> None:
         "poly": 0.5 * x**2 + 0.5 * x,
         "sawtooth": x - np.floor(x),
         "rational": 2 * x / (1 + np.abs(x)),
+        "linear_2x": 2 * x,
+        "neg_linear_2x": -2 * x,
+        "quadratic_clip5": c5**2,
+        "cubic_clip3": c3**3,
+        "cubic_clip5": c5**3,
+        "poly_clip5": 0.5 * c5**2 + 0.5 * c5,
+        "sawtooth_centered": 2 * (x - np.floor(x)) - 1,
+        "log_abs_clip5": np.log(np.abs(c5) + 1e-6),
+        "sqrt_abs": np.sqrt(np.abs(x)),
     }
-    assert set(want) == set(EDGE_FUNCTIONS) and len(EDGE_FUNCTIONS) == 16
+    assert set(want) == set(EDGE_FUNCTIONS)
     for fid, name in enumerate(EDGE_FUNCTIONS):
         got = apply_edge_function(fid, x)
         assert got.dtype == np.float32
@@ -128,7 +158,11 @@ def test_edge_function_semantics() -> None:
 
 
 def test_linear_delta_matches_inverse() -> None:
-    cfg = _cfg(mechanism={"kind": "linear"}, noise={"per_node": True})
+    cfg = _cfg(
+        mechanism={"kind": "linear", "weights": "signed_uniform"},
+        noise={"per_node": True, "kind": "normal", "convention": "unit_variance"},
+        samples={"standardize": "none"},
+    )
     for rec in generate_graphs(cfg, np.random.default_rng(2), 100):
         n = rec["adj"].shape[0]
         w = rec["weights"].astype(np.float64)
@@ -143,9 +177,9 @@ def test_linear_delta_matches_inverse() -> None:
 def test_linear_gaussian_covariance() -> None:
     cfg = _cfg(
         graph={"n_min": 4, "n_max": 4, "edge_prob": 0.7},
-        mechanism={"kind": "linear", "w_lo": 0.5, "w_hi": 1.0},
-        noise={"per_node": True, "scale_lo": 0.5, "scale_hi": 1.5},
-        samples={"base": 20000, "per_intervention": 20000},
+        mechanism={"kind": "linear", "weights": "signed_uniform", "w_lo": 0.5, "w_hi": 1.0},
+        noise={"per_node": True, "scale_lo": 0.5, "scale_hi": 1.5, "kind": "normal"},
+        samples={"base": 20000, "per_intervention": 20000, "standardize": "none"},
         interventions={"intervention_prob": 0.0, "coeffs": [1.0]},
     )
     for rec in generate_graphs(cfg, np.random.default_rng(3), 3):
@@ -239,28 +273,65 @@ def test_fields_and_shapes() -> None:
 
 
 def test_adaptive_fixed_sampled_values() -> None:
-    rec = generate_graphs(_cfg(), np.random.default_rng(7), 1)[0]
+    ours = {"coeffs": [-2.0, -1.0, 1.0, 2.0], "sigma_ddof": 0, "sigma_min": 0.0}
+    rec = generate_graphs(_cfg(interventions=ours, samples={"standardize": "none"}), np.random.default_rng(7), 1)[0]
     coeffs = np.array([-2.0, -1.0, 1.0, 2.0])
     sigma = rec["base"][:, rec["targets"]].astype(np.float64).std(axis=0)
     np.testing.assert_allclose(rec["values"], np.tile(coeffs, len(rec["values"]) // 4) * sigma, rtol=1e-5)
     assert np.all(rec["targets"].reshape(-1, 4) == rec["targets"][::4, None])
-    rec = generate_graphs(_cfg(interventions={"mode": "fixed", "values": [0.5, 3.0]}), np.random.default_rng(7), 1)[0]
+    fixed = _cfg(interventions={"mode": "fixed", "values": [0.5, 3.0]}, samples={"standardize": "none"})
+    rec = generate_graphs(fixed, np.random.default_rng(7), 1)[0]
     assert np.array_equal(rec["values"], np.tile(np.float32([0.5, 3.0]), len(rec["values"]) // 2))
-    cfg = _cfg(interventions={"mode": "sampled", "value_lo": 1.0, "value_hi": 2.0, "per_target": 3})
+    cfg = _cfg(
+        interventions={"mode": "sampled", "value_lo": 1.0, "value_hi": 2.0, "per_target": 3},
+        samples={"standardize": "none"},
+    )
     rec = generate_graphs(cfg, np.random.default_rng(7), 1)[0]
     assert len(rec["values"]) == 3 * max(1, int(rec["json"]["n"] * 0.5))
     assert np.all((rec["values"] >= 1.0) & (rec["values"] <= 2.0))
 
 
 def test_standardize_uses_base_statistics() -> None:
-    rec = generate_graphs(_cfg(samples={"standardize": True}), np.random.default_rng(8), 1)[0]
+    rec = generate_graphs(_cfg(samples={"standardize": "base"}), np.random.default_rng(8), 1)[0]
     np.testing.assert_allclose(rec["base"].mean(axis=0), 0, atol=1e-5)
     np.testing.assert_allclose(rec["base"].std(axis=0), 1, atol=1e-4)
     assert len(rec["json"]["mean"]) == len(rec["json"]["std"]) == rec["json"]["n"]
+    assert rec["json"]["standardized"] == "base"
+
+
+def test_standardize_pooled_uses_all_worlds() -> None:
+    for rec in generate_graphs(_cfg(samples={"standardize": "pooled"}), np.random.default_rng(8), 20):
+        rows = np.concatenate([rec["base"][None], rec["int"]]).reshape(-1, rec["json"]["n"]).astype(np.float64)
+        np.testing.assert_allclose(rows.mean(axis=0), 0, atol=1e-5)
+        sd = rows.std(axis=0, ddof=1)
+        assert np.all((np.abs(sd - 1) < 1e-4) | (sd == 0)), sd  # std 0 (a constant node) -> divided by 1
+        assert not np.allclose(rec["base"].std(axis=0), 1, atol=1e-3)  # base alone is not unit-variance
+        raw_std = np.asarray(rec["json"]["std"])
+        assert rec["json"]["standardized"] == "pooled" and np.all(raw_std > 0)
+
+
+def test_users_sigma_and_scale_range() -> None:
+    """ddof-1 sigma (pandas), sigma < sigma_min -> 1, and a per-graph scale drawn from value_scale."""
+    cfg = _cfg(interventions={"value_scale": [1.0, 50.0]}, samples={"standardize": "none"})
+    recs = generate_graphs(cfg, np.random.default_rng(17), 300)
+    scales = np.array([r["json"]["value_scale"] for r in recs])
+    assert scales.min() >= 1.0 and scales.max() <= 50.0 and scales.std() > 5
+    for rec, scale in zip(recs[:50], scales):
+        sigma = rec["base"][:, rec["targets"]].astype(np.float64).std(axis=0, ddof=1)
+        sigma[sigma < 1e-4] = 1.0
+        want = np.tile([-2.0, 2.0], len(rec["values"]) // 2) * sigma * scale
+        np.testing.assert_allclose(rec["values"], want, rtol=1e-5)
+    cfg = _cfg(
+        graph={"n_min": 2, "n_max": 2, "edge_prob": 1.0},
+        noise={"kind": "normal", "scale": 1e-6},
+        samples={"standardize": "none"},
+    )
+    c = np.concatenate([r["values"] for r in generate_graphs(cfg, np.random.default_rng(3), 50)])
+    assert np.any(np.abs(c) == 2.0)  # tiny noise: sigma < 1e-4 on roots -> sigma = 1
 
 
 def test_no_twin_draws_fresh_noise() -> None:
-    cfg = _cfg(samples={"twin": False})
+    cfg = _cfg(samples={"twin": False}, noise={"kind": "normal"}, mechanism={"clip_value": 1000.0})  # no ties
     recs = generate_graphs(cfg, np.random.default_rng(9), 50)
     compared = 0
     for rec in recs:
@@ -277,7 +348,7 @@ def test_no_twin_draws_fresh_noise() -> None:
 def test_noise_kinds_are_standardised() -> None:
     rng = np.random.default_rng(10)
     for kind in NOISE_KINDS:
-        x = sample_noise(rng, kind, (200_000,), 10.0, np.float32).astype(np.float64)
+        x = sample_noise(rng, kind, (200_000,), 10.0, np.float32, "unit_variance").astype(np.float64)
         assert x.dtype == np.float64 and np.all(np.isfinite(x))
         if kind == "cauchy":
             assert np.abs(x).max() <= 10.0 and abs(np.median(x)) < 0.02
@@ -294,7 +365,7 @@ def _record_bytes(recs: list[dict]) -> list[bytes]:
     return [b"".join(r[f].tobytes() for f in CAUSAL_FIELDS) + json.dumps(r["json"]).encode() for r in recs]
 
 
-@pytest.mark.parametrize("section", [{}, {"noise": {"kind": "mixed", "per_node": True}, "samples": {"twin": False}}])
+@pytest.mark.parametrize("section", [{}, {"noise": {"kind": "mixed", "per_node": True}, "samples": {"twin": False}}, {"interventions": {"value_scale": [1.0, 5.0]}}])
 def test_determinism(section: dict) -> None:
     cfg = parse_causal_config(section)
     a = _record_bytes(generate_graphs(cfg, np.random.default_rng(12), 300))

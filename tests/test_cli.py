@@ -102,8 +102,23 @@ def test_default_recipe_file_equals_builtin_defaults():
     from cachebuild.causal import parse_causal_config
     from cachebuild.recipes import load_recipe
 
-    recipe = load_recipe("configs/causal-default.toml")
+    recipe = load_recipe("configs/causal-users-2026-01-15.toml")
     assert parse_causal_config(recipe.table) == parse_causal_config({})
+
+
+def test_generate_help_names_the_default_recipe():
+    r = _run(["generate", "--help"])
+    assert r.exit_code == 0 and "causal-users-2026-01-15.toml" in r.output
+
+
+def test_generate_without_config_uses_the_users_2026_01_15_recipe(tmp_path):
+    from cachebuild.causal import parse_causal_config
+    from cachebuild.recipes import load_recipe
+
+    r = _run(["generate", "--graphs", "20", "--out", str(tmp_path / "d"), "-q"])
+    assert r.exit_code == 0, r.output
+    want = parse_causal_config(load_recipe("configs/causal-users-2026-01-15.toml").table)
+    assert read_manifest(tmp_path / "d").config == want.to_dict()
 
 
 @pytest.mark.slow

@@ -113,7 +113,12 @@ def test_twins_rows_mix_graphs_and_span_few(causal_cache):
     batch = stream.batch(3)
     g = batch["graph_id"].numpy()
     assert (g[1:] != g[:-1]).mean() > 0.5  # consecutive rows come from different graphs
-    assert len(np.unique(g)) <= stream.view.g_max <= 4096 // (8 * 64) + 2
+    from cachebuild.causal import parse_causal_config
+    from cachebuild.format import read_manifest
+
+    cfg = parse_causal_config(read_manifest(causal_cache).config)  # the default recipe's fewest rows per graph
+    k_min = min(cfg.num_interventions(n) for n in range(cfg.graph.n_min, cfg.graph.n_max + 1))
+    assert len(np.unique(g)) <= stream.view.g_max <= 4096 // (k_min * cfg.samples.base) + 2
 
 
 def test_twins_compact_expands_to_the_default_view(cache):

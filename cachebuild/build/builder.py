@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from cachebuild.build.backends import BACKENDS, run_jobs
+from cachebuild.build.determinism import build_environment, source_determinism
 from cachebuild.build.markers import BUILD_RECORD, done_name, read_valid_done, write_done
 from cachebuild.build.output import LocalOutput, Output, open_output
 from cachebuild.build.plan import BLOCK_RECORDS, ShardSpec, plan_shards
@@ -130,7 +131,7 @@ def _fingerprint(source: RecordSource, opts: BuildOptions, per_shard: int) -> st
         "codec": opts.codec.to_dict(),
         "records": opts.records,
         "records_per_shard": per_shard,
-        "block_records": BLOCK_RECORDS,
+        "determinism": source_determinism(source, BLOCK_RECORDS),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -275,7 +276,12 @@ def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output,
         codec=opts.codec,
         fields=schemas_from_indexes(fields, indexes),
         shards=tuple(ShardEntry(**s.to_dict()) for s in shards),
-        build={"fingerprint": fingerprint, "records_per_shard": per_shard, "block_records": BLOCK_RECORDS},
+        build={
+            "fingerprint": fingerprint,
+            "records_per_shard": per_shard,
+            "determinism": source_determinism(source, BLOCK_RECORDS),
+            "environment": build_environment(),
+        },
         created_by=f"cachebuild {__version__}",
     )
     out.write_bytes(MANIFEST_NAME, manifest.to_json())

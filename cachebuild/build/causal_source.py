@@ -7,6 +7,7 @@ from typing import Any, Iterator
 
 from cachebuild.build.plan import block_rng
 from cachebuild.causal import CAUSAL_FIELDS, CausalConfig, generate_graphs
+from cachebuild.causal.sampler import sub_block_size
 
 __all__ = ["CausalSource", "CAUSAL_BLOCK"]
 
@@ -31,6 +32,10 @@ class CausalSource:
 
     def estimated_record_bytes(self) -> int:
         return int(self.cfg.estimated_record_bytes())
+
+    def determinism(self) -> dict[str, Any]:
+        """What the bytes depend on beyond the config and seed (goes into the build fingerprint)."""
+        return {"block_records": CAUSAL_BLOCK, "sub_block_graphs": sub_block_size(self.cfg)}
 
     def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
         for b, a in enumerate(range(start, stop, CAUSAL_BLOCK)):

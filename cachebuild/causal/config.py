@@ -5,7 +5,11 @@ Config enters once: :func:`parse_causal_config` takes the TOML table (as
 :class:`CausalConfig` that is passed down whole. ``CausalConfig.to_dict()``
 gives back a JSON-able dict that parses to an equal config, which is what the
 manifest stores. Errors are :class:`~cachebuild.errors.ConfigError` naming the
-dotted key (``graph.edge_prob``), the value and what is allowed.
+dotted key (``graph.edge_prob``), the value and the allowed range.
+
+The defaults are the users' newest generator (``configs/causal-users-2026-01-15.toml``,
+``MultiModelDeltaPredictor``'s ``SCMGenerator`` of 2026-01-15 as its
+``CausalDataset`` calls it), with interaction nodes drawn once per graph.
 
 Top-level keys owned by other parts of cachebuild are skipped (see
 :data:`IGNORED_TOP_LEVEL_KEYS`); any other unknown key is an error.
@@ -14,12 +18,13 @@ Top-level keys owned by other parts of cachebuild are skipped (see
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from .mechanisms import EDGE_FUNCTIONS, NOISE_KINDS
+from . import _validate as v
+from .functions import EDGE_FUNCTIONS
+from .noise import NOISE_CONVENTIONS, NOISE_KINDS
 
 __all__ = [
     "CausalConfig",
@@ -30,20 +35,34 @@ __all__ = [
     "SampleConfig",
     "FAMILIES",
     "MECHANISMS",
+    "WEIGHT_KINDS",
     "NOISE_CHOICES",
     "VALUE_MODES",
+    "STANDARDIZE_MODES",
+    "USERS_2026_01_15_FUNCTIONS",
     "IGNORED_TOP_LEVEL_KEYS",
     "parse_causal_config",
 ]
 
 FAMILIES: tuple[str, ...] = ("topo", "er", "scale_free")
 MECHANISMS: tuple[str, ...] = ("linear", "nonlinear")
+WEIGHT_KINDS: tuple[str, ...] = ("one", "signed_uniform")
 NOISE_CHOICES: tuple[str, ...] = NOISE_KINDS + ("mixed",)
 VALUE_MODES: tuple[str, ...] = ("adaptive", "fixed", "sampled")
+STANDARDIZE_MODES: tuple[str, ...] = ("none", "base", "pooled")
 IGNORED_TOP_LEVEL_KEYS: frozenset[str] = frozenset({"seed", "graphs", "out", "build", "kind", "shard", "codec"})
 """Top-level keys that belong to the builder / writer / CLI and are skipped here."""
 
+USERS_2026_01_15_FUNCTIONS: tuple[str, ...] = (
+    "linear_2x", "neg_linear_2x", "sin", "cos", "tanh", "log_abs_clip5", "exp", "sqrt_abs",
+    "quadratic_clip5", "cubic_clip5", "sigmoid", "step", "abs", "poly_clip5", "sawtooth_centered", "rational",
+)  # fmt: skip
+"""The users' 16 edge types of 2026-01-15, in their ``randint(1, 17)`` order, as registry names."""
+
 _MAX_NODES = 32767  # targets are stored as int16
+_MAX_WEIGHT = 100.0
+_MAX_CLIP = 1e6
+_MAX_SCALE = 1e3
 
 
 @dataclass(frozen=True)
@@ -60,28 +79,31 @@ class GraphConfig:
 
 @dataclass(frozen=True)
 class MechanismConfig:
-    """Structural equations. Clipping bounds apply to the nonlinear kind only."""
+    """Structural equations. Clipping bounds apply to the nonlinear kind only; None = no clip."""
 
     kind: str = "nonlinear"  # linear | nonlinear
-    w_lo: float = 0.5  # |weight| ~ U(w_lo, w_hi), sign +-1 with prob 1/2
+    weights: str = "one"  # one: every edge weight 1 | signed_uniform: +-U(w_lo, w_hi)
+    w_lo: float = 0.5
     w_hi: float = 2.0
-    functions: tuple[str, ...] = EDGE_FUNCTIONS  # nonlinear: allowed edge functions
-    interaction_prob: float = 0.2  # nonlinear: P(node with >= 2 parents multiplies its first two terms)
-    clip_parent: float = 10.0
-    clip_term: float = 10.0
-    clip_value: float = 100.0
+    functions: tuple[str, ...] = USERS_2026_01_15_FUNCTIONS  # nonlinear: edge functions drawn per edge
+    function_weights: tuple[float, ...] = (1.0,) * 16  # relative draw probability of each function
+    interaction_prob: float = 0.3  # P(node with >= 2 parents multiplies its first two terms), once per graph
+    clip_parent: float | None = None  # parent value clipped to +-clip_parent before f
+    clip_term: float | None = 10.0  # each term w * f(x) clipped
+    clip_value: float = 20.0  # value of every node with parents clipped
 
 
 @dataclass(frozen=True)
 class NoiseConfig:
-    """Exogenous noise: kind, and the scale (std; Cauchy scale for cauchy) of each node."""
+    """Exogenous noise: kind, convention (what ``scale`` means) and the scale of each node."""
 
-    kind: str = "normal"  # normal | laplace | gumbel | cauchy | uniform | mixed
+    kind: str = "mixed"  # normal | laplace | gumbel | cauchy | uniform | mixed
+    convention: str = "numpy"  # unit_variance (scale = std) | numpy (numpy's scale parameter)
     scale: float = 1.0  # used when per_node is false
     per_node: bool = False  # draw each node's scale from U(scale_lo, scale_hi)
     scale_lo: float = 0.5
     scale_hi: float = 1.5
-    cauchy_clip: float = 10.0  # standard Cauchy variate clipped to +-cauchy_clip before scaling
+    cauchy_clip: float = 20.0  # cauchy clip (unit_variance: of the standard variate; numpy: after scaling)
     kinds: tuple[str, ...] = NOISE_KINDS  # mixed: kinds drawn from (uniformly, per graph)
 
 
@@ -91,8 +113,10 @@ class InterventionConfig:
 
     intervention_prob: float = 0.5
     mode: str = "adaptive"  # adaptive | fixed | sampled
-    coeffs: tuple[float, ...] = (-2.0, -1.0, 1.0, 2.0)  # adaptive: c = coeff * std(base X_k) * value_scale
-    value_scale: float = 1.0
+    coeffs: tuple[float, ...] = (-2.0, 2.0)  # adaptive: c = coeff * sigma(base X_k) * scale
+    value_scale: tuple[float, float] = (1.0, 1.0)  # adaptive: scale ~ U(lo, hi) per graph
+    sigma_ddof: int = 1  # adaptive: sigma = std with this ddof (1: pandas' .std())
+    sigma_min: float = 1e-4  # adaptive: sigma < sigma_min is replaced by 1.0
     values: tuple[float, ...] = (-2.0, -1.0, 1.0, 2.0)  # fixed: one intervention per value per target
     value_lo: float = -2.0  # sampled: c ~ U(value_lo, value_hi), per_target per target
     value_hi: float = 2.0
@@ -118,7 +142,7 @@ class SampleConfig:
     base: int = 64
     per_intervention: int = 64
     twin: bool = True  # intervened worlds reuse the base rows' exogenous noise
-    standardize: bool = False  # z-score both worlds (and c) with the base world's mean/std
+    standardize: str = "pooled"  # none | base (base-world mean/std) | pooled (base + intervened rows)
 
 
 @dataclass(frozen=True)
@@ -132,12 +156,12 @@ class CausalConfig:
     samples: SampleConfig = field(default_factory=SampleConfig)
 
     def to_dict(self) -> dict:
-        """JSON-able nested dict (tuples as lists) that :func:`parse_causal_config` accepts."""
+        """JSON-able nested dict (tuples as lists, no clip as None) that :func:`parse_causal_config` accepts."""
         out: dict[str, dict[str, Any]] = {}
         for f in dataclasses.fields(self):
             sub = getattr(self, f.name)
             out[f.name] = {
-                k.name: list(v) if isinstance(v := getattr(sub, k.name), tuple) else v
+                k.name: list(x) if isinstance(x := getattr(sub, k.name), tuple) else x
                 for k in dataclasses.fields(sub)
             }
         return out
@@ -162,7 +186,7 @@ class CausalConfig:
         for n in sizes:
             k = self.num_interventions(n)
             arrays = n * n * (1 + 4 + 1) + n * (1 + 4) + 4 * s * n + 2 * 4 * k * s * n + k * (2 + 4)
-            json_bytes = 160 + 4 * n + (48 * n if self.samples.standardize else 0)
+            json_bytes = 180 + 4 * n + (48 * n if self.samples.standardize != "none" else 0)
             total += arrays + json_bytes
         return int(round(total / len(sizes)))
 
@@ -170,156 +194,102 @@ class CausalConfig:
 # ---------------------------------------------------------------- parsing
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _number(key: str, v: Any, lo: float | None = None, hi: float | None = None, what: str = "") -> float:
-    ok = _is_number(v) and (lo is None or v >= lo) and (hi is None or v <= hi)
-    if not ok:
-        raise ConfigError.bad_value(key, v, what or "must be a finite number")
-    return float(v)
-
-
-def _prob(key: str, v: Any) -> float:
-    return _number(key, v, 0.0, 1.0, "must be a number in [0, 1]")
-
-
-def _positive(key: str, v: Any) -> float:
-    if not (_is_number(v) and v > 0):
-        raise ConfigError.bad_value(key, v, "must be a finite number > 0")
-    return float(v)
-
-
-def _int(key: str, v: Any, lo: int, hi: int | None = None) -> int:
-    if not (isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ConfigError.bad_value(key, v, f"must be an integer {bound}")
-    return v
-
-
-def _bool(key: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ConfigError.bad_value(key, v, "must be true or false")
-    return v
-
-
-def _choice(key: str, v: Any, allowed: tuple[str, ...]) -> str:
-    if not isinstance(v, str) or v not in allowed:
-        raise ConfigError.bad_value(key, v, "must be one of " + ", ".join(repr(a) for a in allowed))
-    return v
-
-
-def _names(key: str, v: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    if not isinstance(v, (list, tuple)) or not v:
-        raise ConfigError.bad_value(key, v, "must be a non-empty list of names from " + ", ".join(allowed))
-    for name in v:
-        if not isinstance(name, str) or name not in allowed:
-            raise ConfigError.bad_value(key, name, "unknown name; allowed: " + ", ".join(allowed))
-    if len(set(v)) != len(v):
-        raise ConfigError.bad_value(key, list(v), "must not repeat a name")
-    return tuple(v)
-
-
-def _numbers(key: str, v: Any) -> tuple[float, ...]:
-    if not isinstance(v, (list, tuple)) or not v or not all(_is_number(x) for x in v):
-        raise ConfigError.bad_value(key, v, "must be a non-empty list of finite numbers")
-    return tuple(float(x) for x in v)
-
-
-def _table(data: Mapping[str, Any], section: str, cls: type) -> dict[str, Any]:
-    raw = data.get(section, {})
-    if not isinstance(raw, Mapping):
-        raise ConfigError.bad_value(section, raw, "must be a table")
-    known = {f.name for f in dataclasses.fields(cls)}
-    for k in raw:
-        if k not in known:
-            raise ConfigError(f"unknown config key '{section}.{k}' (known: {', '.join(sorted(known))})")
-    defaults = cls()
-    return {name: raw.get(name, getattr(defaults, name)) for name in known}
-
-
 def _parse_graph(data: Mapping[str, Any]) -> GraphConfig:
-    r = _table(data, "graph", GraphConfig)
-    family = _choice("graph.family", r["family"], FAMILIES)
-    n_min = _int("graph.n_min", r["n_min"], 2, _MAX_NODES)
-    n_max = _int("graph.n_max", r["n_max"], 2, _MAX_NODES)
+    r = v.table(data, "graph", GraphConfig)
+    family = v.choice("graph.family", r["family"], FAMILIES)
+    n_min = v.integer("graph.n_min", r["n_min"], 2, _MAX_NODES)
+    n_max = v.integer("graph.n_max", r["n_max"], 2, _MAX_NODES)
     if n_max < n_min:
         raise ConfigError.bad_value("graph.n_max", n_max, f"must be >= graph.n_min ({n_min})")
-    edge_prob = _prob("graph.edge_prob", r["edge_prob"])
-    deg = _number("graph.expected_degree", r["expected_degree"], 0.0, what="must be a number >= 0")
+    edge_prob = v.prob("graph.edge_prob", r["edge_prob"])
+    deg = v.number("graph.expected_degree", r["expected_degree"], 0.0, float(_MAX_NODES))
     if family == "er" and deg > n_min - 1:
         raise ConfigError.bad_value("graph.expected_degree", deg, f"must be <= graph.n_min - 1 ({n_min - 1})")
-    m = _int("graph.m", r["m"], 1)
+    m = v.integer("graph.m", r["m"], 1)
     if family == "scale_free" and m >= n_min:
         raise ConfigError.bad_value("graph.m", m, f"must be < graph.n_min ({n_min}) for family 'scale_free'")
     return GraphConfig(family, n_min, n_max, edge_prob, deg, m)
 
 
+def _function_weights(r: dict[str, Any], functions: tuple[str, ...]) -> tuple[float, ...]:
+    if "function_weights" not in r["_given"] and "functions" in r["_given"]:
+        return (1.0,) * len(functions)  # a new list of functions without weights: equal weights
+    weights = r["function_weights"]
+    if not isinstance(weights, (list, tuple)) or len(weights) != len(functions):
+        raise ConfigError.bad_value(
+            "mechanism.function_weights", weights,
+            f"must be a list of {len(functions)} numbers, one per mechanism.functions entry",
+        )
+    return v.numbers("mechanism.function_weights", weights, 1e-9, 1e9)
+
+
 def _parse_mechanism(data: Mapping[str, Any]) -> MechanismConfig:
-    r = _table(data, "mechanism", MechanismConfig)
-    kind = _choice("mechanism.kind", r["kind"], MECHANISMS)
-    w_lo = _number("mechanism.w_lo", r["w_lo"], 0.0, what="must be a finite number >= 0")
-    w_hi = _number("mechanism.w_hi", r["w_hi"], w_lo, what=f"must be a finite number >= mechanism.w_lo ({w_lo})")
-    functions = _names("mechanism.functions", r["functions"], EDGE_FUNCTIONS)
+    r = v.table(data, "mechanism", MechanismConfig)
+    w_lo = v.number("mechanism.w_lo", r["w_lo"], 0.0, _MAX_WEIGHT)
+    functions = v.names("mechanism.functions", r["functions"], EDGE_FUNCTIONS)
     return MechanismConfig(
-        kind=kind,
+        kind=v.choice("mechanism.kind", r["kind"], MECHANISMS),
+        weights=v.choice("mechanism.weights", r["weights"], WEIGHT_KINDS),
         w_lo=w_lo,
-        w_hi=w_hi,
+        w_hi=v.number("mechanism.w_hi", r["w_hi"], w_lo, _MAX_WEIGHT),
         functions=functions,
-        interaction_prob=_prob("mechanism.interaction_prob", r["interaction_prob"]),
-        clip_parent=_positive("mechanism.clip_parent", r["clip_parent"]),
-        clip_term=_positive("mechanism.clip_term", r["clip_term"]),
-        clip_value=_positive("mechanism.clip_value", r["clip_value"]),
+        function_weights=_function_weights(r, functions),
+        interaction_prob=v.prob("mechanism.interaction_prob", r["interaction_prob"]),
+        clip_parent=v.optional_bound("mechanism.clip_parent", r["clip_parent"], _MAX_CLIP),
+        clip_term=v.optional_bound("mechanism.clip_term", r["clip_term"], _MAX_CLIP),
+        clip_value=v.number("mechanism.clip_value", r["clip_value"], 0.0, _MAX_CLIP, open_lo=True),
     )
 
 
 def _parse_noise(data: Mapping[str, Any]) -> NoiseConfig:
-    r = _table(data, "noise", NoiseConfig)
-    scale_lo = _positive("noise.scale_lo", r["scale_lo"])
-    scale_hi = _number(
-        "noise.scale_hi", r["scale_hi"], scale_lo, what=f"must be a number >= noise.scale_lo ({scale_lo})"
-    )
+    r = v.table(data, "noise", NoiseConfig)
+    scale_lo = v.number("noise.scale_lo", r["scale_lo"], 0.0, _MAX_SCALE, open_lo=True)
     return NoiseConfig(
-        kind=_choice("noise.kind", r["kind"], NOISE_CHOICES),
-        scale=_positive("noise.scale", r["scale"]),
-        per_node=_bool("noise.per_node", r["per_node"]),
+        kind=v.choice("noise.kind", r["kind"], NOISE_CHOICES),
+        convention=v.choice("noise.convention", r["convention"], NOISE_CONVENTIONS),
+        scale=v.number("noise.scale", r["scale"], 0.0, _MAX_SCALE, open_lo=True),
+        per_node=v.boolean("noise.per_node", r["per_node"]),
         scale_lo=scale_lo,
-        scale_hi=scale_hi,
-        cauchy_clip=_positive("noise.cauchy_clip", r["cauchy_clip"]),
-        kinds=_names("noise.kinds", r["kinds"], NOISE_KINDS),
+        scale_hi=v.number("noise.scale_hi", r["scale_hi"], scale_lo, _MAX_SCALE),
+        cauchy_clip=v.number("noise.cauchy_clip", r["cauchy_clip"], 0.0, _MAX_CLIP, open_lo=True),
+        kinds=v.names("noise.kinds", r["kinds"], NOISE_KINDS),
     )
 
 
 def _parse_interventions(data: Mapping[str, Any]) -> InterventionConfig:
-    r = _table(data, "interventions", InterventionConfig)
-    value_lo = _number("interventions.value_lo", r["value_lo"])
-    value_hi = _number(
-        "interventions.value_hi", r["value_hi"], value_lo,
-        what=f"must be a number >= interventions.value_lo ({value_lo})",
-    )
+    r = v.table(data, "interventions", InterventionConfig)
+    value_lo = v.number("interventions.value_lo", r["value_lo"], -_MAX_CLIP, _MAX_CLIP)
     return InterventionConfig(
-        intervention_prob=_prob("interventions.intervention_prob", r["intervention_prob"]),
-        mode=_choice("interventions.mode", r["mode"], VALUE_MODES),
-        coeffs=_numbers("interventions.coeffs", r["coeffs"]),
-        value_scale=_number("interventions.value_scale", r["value_scale"]),
-        values=_numbers("interventions.values", r["values"]),
+        intervention_prob=v.prob("interventions.intervention_prob", r["intervention_prob"]),
+        mode=v.choice("interventions.mode", r["mode"], VALUE_MODES),
+        coeffs=v.numbers("interventions.coeffs", r["coeffs"], -_MAX_SCALE, _MAX_SCALE),
+        value_scale=v.number_range("interventions.value_scale", r["value_scale"], 0.0, _MAX_SCALE),
+        sigma_ddof=v.integer("interventions.sigma_ddof", r["sigma_ddof"], 0, 1),
+        sigma_min=v.number("interventions.sigma_min", r["sigma_min"], 0.0, 1.0),
+        values=v.numbers("interventions.values", r["values"], -_MAX_CLIP, _MAX_CLIP),
         value_lo=value_lo,
-        value_hi=value_hi,
-        per_target=_int("interventions.per_target", r["per_target"], 1),
+        value_hi=v.number("interventions.value_hi", r["value_hi"], value_lo, _MAX_CLIP),
+        per_target=v.integer("interventions.per_target", r["per_target"], 1),
     )
+
+
+def _standardize(value: Any) -> str:
+    if isinstance(value, bool):  # recipes before the pooled option: true = base-world statistics
+        return "base" if value else "none"
+    return v.choice("samples.standardize", value, STANDARDIZE_MODES)
 
 
 def _parse_samples(data: Mapping[str, Any]) -> SampleConfig:
-    r = _table(data, "samples", SampleConfig)
-    base = _int("samples.base", r["base"], 1)
-    per_int = _int("samples.per_intervention", r["per_intervention"], 1)
+    r = v.table(data, "samples", SampleConfig)
+    base = v.integer("samples.base", r["base"], 1)
+    per_int = v.integer("samples.per_intervention", r["per_intervention"], 1)
     if per_int != base:
         raise ConfigError.bad_value(
             "samples.per_intervention", per_int,
             f"must equal samples.base ({base}): delta = int - base pairs intervened rows with base rows",
         )
-    return SampleConfig(base, per_int, _bool("samples.twin", r["twin"]), _bool("samples.standardize", r["standardize"]))
+    twin = v.boolean("samples.twin", r["twin"])
+    return SampleConfig(base, per_int, twin, _standardize(r["standardize"]))
 
 
 _SECTIONS = ("graph", "mechanism", "noise", "interventions", "samples")

@@ -4,23 +4,14 @@
 ``Generator``. Work is vectorised over graphs: graphs of one sub-block are
 grouped by their node count ``n`` (so K, the number of interventions, is fixed
 inside a group), and each group is simulated as whole arrays, looping only over
-nodes in causal order and over the (at most 16) edge-function ids. All worlds
+nodes in causal order and over the edge-function ids in use. All worlds
 of a group live in one array ``[graph, world, sample, node index]`` that becomes
 the records' ``base``/``int`` fields without a copy; the node at causal position
 ``j`` of graph ``g`` is written straight to its (randomly permuted) index column
 ``perm[g, j]``, so index order never is the causal order.
 
-Simulation of one node ``j`` (causal order) for a set of rows (one row = one
-world of one graph, holding S samples)::
-
-    term_i  = w_ij * f_ij(clip(x_i, +-clip_parent)), clipped to +-clip_term  (nonlinear)
-    term_i  = w_ij * x_i                                                      (linear)
-    x_j     = ((noise_j + term_p0) + term_p1) + ...     parents p0 < p1 < ... in causal order
-    x_j     = clip(x_j, +-clip_value)                                          (nonlinear)
-
-An interaction node replaces ``term_p0 + term_p1`` by ``term_p0 * term_p1``.
-The linear mechanism never clips, so its analytic formulas hold exactly.
-Values are computed and stored in float32.
+The structural equations are in :mod:`cachebuild.causal.simulate`; z-scoring,
+``delta`` and the finiteness check in :mod:`cachebuild.causal.assemble`.
 
 Interventions: the base world is simulated first (adaptive values need the
 base standard deviation of the target), then all K intervened worlds of all
@@ -33,20 +24,26 @@ twin, every non-target node is recomputed with fresh noise.
 
 Determinism: everything is drawn from the ``Generator`` passed in, in an order
 that depends only on the config and ``count`` (sub-blocks of a size fixed by
-the config, groups in ascending ``n``, a fixed draw order inside a group).
+the config, groups in ascending ``n``, a fixed draw order inside a group). The
+bytes are a function of (config, generator state, ``count``, numpy version, CPU
+kind): numpy's float32 ``sin``/``exp``/``log``/``log1p``/... use SIMD kernels
+chosen at run time (AVX2, AVX-512, ...) that may differ in the last bits.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
 
 import numpy as np
 
-from .config import CausalConfig, MechanismConfig, NoiseConfig
+from .assemble import assemble_records
+from .config import CausalConfig, InterventionConfig, MechanismConfig, NoiseConfig
+from .functions import EDGE_FUNCTION_IDS
 from .graphs import descendants, random_permutations, sample_dags
-from .mechanisms import EDGE_FUNCTION_WEIGHTS, EDGE_FUNCTIONS, apply_edge_function_, sample_noise
+from .noise import sample_noise
+from .simulate import Group, simulate
 
-__all__ = ["CAUSAL_FIELDS", "CAUSAL_SHAPES", "generate_graphs"]
+__all__ = ["CAUSAL_FIELDS", "CAUSAL_SHAPES", "generate_graphs", "sub_block_size"]
 
 CAUSAL_FIELDS: dict[str, str] = {
     "adj": "uint8",
@@ -79,10 +76,9 @@ CAUSAL_SHAPES: dict[str, tuple[str, ...]] = {
 _DT = np.float32  # compute and storage dtype of values
 _BLOCK_FLOATS = 1 << 26  # world values per sub-block, x3 for temporaries (~80 MB of records)
 _MAX_BLOCK = 8192
-_FUNCTION_IDS = {name: i for i, name in enumerate(EDGE_FUNCTIONS)}
 
 
-def _block_size(cfg: CausalConfig) -> int:
+def sub_block_size(cfg: CausalConfig) -> int:
     """Graphs per sub-block: a pure function of the config, so rng use depends only on (cfg, count)."""
     n = cfg.max_nodes()
     per_graph = 3 * (1 + cfg.max_interventions()) * cfg.samples.base * n + 8 * n * n
@@ -95,13 +91,15 @@ def generate_graphs(cfg: CausalConfig, rng: np.random.Generator, count: int) -> 
     Each record is a dict of C-contiguous arrays with the dtypes of
     :data:`CAUSAL_FIELDS` (shapes in :data:`CAUSAL_SHAPES`) plus ``"json"``,
     a small JSON-able dict: ``n``, ``family``, ``mechanism``, ``noise`` (the
-    kind used), ``twin``, ``standardized``, ``causal_order`` (node indices in
-    causal order) and, when standardized, ``mean``/``std`` per node index.
-    The same config and generator state give byte-identical records.
+    kind used), ``twin``, ``standardized`` (``none``/``base``/``pooled``),
+    ``causal_order`` (node indices in causal order), in adaptive mode
+    ``value_scale`` (the graph's intervention scale) and, when standardized,
+    ``mean``/``std`` per node index. The same config and generator state give
+    byte-identical records (on the same numpy version and CPU kind).
     """
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
-    block = _block_size(cfg)
+    block = sub_block_size(cfg)
     records: list[dict] = []
     for start in range(0, count, block):
         records.extend(_generate_block(cfg, rng, min(block, count - start)))
@@ -122,118 +120,74 @@ def _edge_functions(mc: MechanismConfig, rng: np.random.Generator, adj: np.ndarr
     """int8 function id per edge (``-1`` where no edge), drawn from the allowed names by weight."""
     if mc.kind == "linear":
         return np.where(adj, 0, -1).astype(np.int8)
-    ids = np.array([_FUNCTION_IDS[f] for f in mc.functions], dtype=np.int8)
-    p = np.array([EDGE_FUNCTION_WEIGHTS[f] for f in mc.functions])
+    ids = np.array([EDGE_FUNCTION_IDS[f] for f in mc.functions], dtype=np.int8)
+    p = np.asarray(mc.function_weights, dtype=np.float64)
     drawn = ids[rng.choice(len(ids), size=adj.shape, p=p / p.sum())]
     return np.where(adj, drawn, np.int8(-1)).astype(np.int8)
 
 
 def _draw_noise(
-    rng: np.random.Generator, nc: NoiseConfig, kinds: tuple[str, ...], kind_ids: np.ndarray, rest: tuple[int, ...]
+    rng: np.random.Generator,
+    nc: NoiseConfig,
+    kinds: tuple[str, ...],
+    kind_ids: np.ndarray,
+    scale: np.ndarray | None,
+    rest: tuple[int, ...],
 ) -> np.ndarray:
-    """Standardised noise ``[len(kind_ids), *rest]``; row r has kind ``kinds[kind_ids[r]]``."""
+    """Scaled noise ``[len(kind_ids), *rest]``; row r has kind ``kinds[kind_ids[r]]`` and scales ``scale[r]``."""
+    draw = functools.partial(sample_noise, cauchy_clip=nc.cauchy_clip, dtype=_DT, convention=nc.convention)
     if len(kinds) == 1:
-        return sample_noise(rng, kinds[0], (len(kind_ids),) + rest, nc.cauchy_clip, _DT)
+        return draw(rng, kinds[0], (len(kind_ids),) + rest, scale=None if scale is None else scale[:, :, None])
     out = np.empty((len(kind_ids),) + rest, dtype=_DT)
     for k, name in enumerate(kinds):
         sel = np.flatnonzero(kind_ids == k)
         if sel.size:
-            out[sel] = sample_noise(rng, name, (sel.size,) + rest, nc.cauchy_clip, _DT)
+            out[sel] = draw(rng, name, (sel.size,) + rest, scale=None if scale is None else scale[sel][:, :, None])
     return out
 
 
-class _Group(NamedTuple):
-    """Per-graph parameters of a group of same-size graphs, in causal order (leading axis: graph)."""
-
-    adj: np.ndarray  # bool [g, n, n], strictly upper triangular
-    perm: np.ndarray  # int [g, n]: node index of causal position j
-    w: np.ndarray  # float32 [g, n, n]
-    fn: np.ndarray  # int8 [g, n, n], -1 where no edge
-    inter: np.ndarray  # bool [g, n]
-    scale: np.ndarray  # float32 [g, n]
-    kind_ids: np.ndarray  # int [g]: index into the noise kinds
+def _weights(mc: MechanismConfig, rng: np.random.Generator, adj: np.ndarray) -> np.ndarray:
+    """float32 edge weights [g, n, n]: 1 on every edge (``one``) or +-U(w_lo, w_hi); 0 off edges."""
+    if mc.weights == "one":
+        return adj.astype(_DT)
+    mag = rng.uniform(mc.w_lo, mc.w_hi, size=adj.shape)
+    neg = rng.random(adj.shape) < 0.5
+    return np.where(adj, np.where(neg, -mag, mag), 0.0).astype(_DT)
 
 
-def _edge_terms(xp: np.ndarray, f_e: np.ndarray, w_e: np.ndarray, mc: MechanismConfig) -> None:
-    """Overwrite parent values ``xp`` [E, S] (edges sorted by function id) with edge terms."""
-    if mc.kind == "linear":
-        xp *= w_e[:, None]
-        return
-    np.clip(xp, -mc.clip_parent, mc.clip_parent, out=xp)
-    bounds = (np.flatnonzero(np.diff(f_e)) + 1).tolist()
-    for a, b in zip([0] + bounds, bounds + [f_e.size]):
-        apply_edge_function_(int(f_e[a]), xp[a:b])
-    xp *= w_e[:, None]
-    np.clip(xp, -mc.clip_term, mc.clip_term, out=xp)
+def _values(
+    ic: InterventionConfig, rng: np.random.Generator, base: np.ndarray, targets: np.ndarray, n_targets: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Intervention values c [g, K] (float32) and the per-graph scales (adaptive mode, else None)."""
+    g, s, _ = base.shape
+    k = targets.shape[1]
+    scales = None
+    if ic.mode == "adaptive":
+        gidx = np.arange(g)[:, None]
+        if s > ic.sigma_ddof:
+            sigma = base.std(axis=1, dtype=np.float64, ddof=ic.sigma_ddof)[gidx, targets]
+        else:
+            sigma = np.zeros((g, k))
+        sigma[~(sigma >= ic.sigma_min)] = 1.0
+        lo, hi = ic.value_scale
+        scales = rng.uniform(lo, hi, size=g) if lo < hi else np.full(g, lo)
+        c = np.tile(np.asarray(ic.coeffs), n_targets) * sigma * scales[:, None]
+    elif ic.mode == "fixed":
+        c = np.broadcast_to(np.tile(np.asarray(ic.values), n_targets), (g, k))
+    else:
+        c = rng.uniform(ic.value_lo, ic.value_hi, size=(g, k))
+    return np.ascontiguousarray(c, dtype=_DT), scales
 
 
-def _simulate(
-    x: np.ndarray,
-    rows_all: np.ndarray,
-    row_graph: np.ndarray,
-    p: _Group,
-    eps: np.ndarray,
-    eps_rows: np.ndarray,
-    active: np.ndarray | None,
-    mc: MechanismConfig,
-) -> None:
-    """Compute node values in causal order, in place in ``x`` [rows, S, node index].
-
-    ``rows_all``: the rows of ``x`` to simulate; aligned with it, ``row_graph``
-    (graph of the row), ``eps_rows`` (row of ``eps`` [*, n, S] holding its
-    noise, causal order) and ``active`` [len(rows_all), n] (which causal nodes
-    to compute; None: all). Node at causal position j of graph g lives in
-    column ``perm[g, j]``; inactive nodes keep the value already in ``x``.
-    """
-    adj, perm, w, fn, inter = p.adj, p.perm, p.w, p.fn, p.inter
-    n = perm.shape[1]
-    active_t = None if active is None else np.ascontiguousarray(active.T)
-    nonlinear = mc.kind == "nonlinear"
-    for j in range(n):
-        sel = slice(None) if active_t is None else np.flatnonzero(active_t[j])
-        rows, g = rows_all[sel], row_graph[sel]
-        if rows.size == 0:
-            continue
-        acc = eps[eps_rows[sel], j]  # [rows, S], a fresh copy
-        if j > 0:
-            parents = adj[g, :j, j]
-            r_loc, i_par = np.nonzero(parents)  # sorted by row, then causal parent order
-            if r_loc.size:
-                ge = g[r_loc]
-                f_e = fn[ge, i_par, j]
-                order = np.argsort(f_e, kind="stable") if nonlinear else slice(None)
-                ro, go, io = r_loc[order], ge[order], i_par[order]
-                xp = x[rows[ro], :, perm[go, io]]  # [E, S], edges grouped by function
-                _edge_terms(xp, f_e[order], w[go, io, j], mc)
-                terms = xp[np.argsort(order)] if nonlinear else xp  # back to (row, parent) order
-                counts = parents.sum(axis=1)
-                starts = np.cumsum(counts) - counts
-                if nonlinear:
-                    ir = np.flatnonzero(inter[g, j])  # only nodes with >= 2 parents
-                    if ir.size:
-                        first = starts[ir]
-                        terms[first + 1] *= terms[first]
-                        terms[first] = 0.0
-                for rank in range(int(counts.max())):  # add terms in causal parent order
-                    rr = np.flatnonzero(counts > rank)
-                    acc[rr] = acc.take(rr, axis=0) + terms.take(starts[rr] + rank, axis=0)
-        if nonlinear:
-            np.clip(acc, -mc.clip_value, mc.clip_value, out=acc)
-        x[rows, :, perm[g, j]] = acc
-
-
-def _generate_group(cfg: CausalConfig, rng: np.random.Generator, g: int, n: int) -> list[dict]:
-    """All records of ``g`` graphs with ``n`` nodes, drawn in a fixed order from ``rng``."""
-    mc, nc, ic, sc = cfg.mechanism, cfg.noise, cfg.interventions, cfg.samples
-    s = sc.base
-    # --- structure and mechanism parameters (causal order)
+def _parameters(cfg: CausalConfig, rng: np.random.Generator, g: int, n: int) -> tuple[Group, tuple[str, ...]]:
+    """Structure and mechanism of ``g`` graphs (causal order), drawn once per graph for all worlds."""
+    mc, nc = cfg.mechanism, cfg.noise
     adj = sample_dags(cfg.graph, rng, g, n)
     perm = random_permutations(rng, g, n)
-    mag = rng.uniform(mc.w_lo, mc.w_hi, size=(g, n, n))
-    neg = rng.random((g, n, n)) < 0.5
-    w = np.where(adj, np.where(neg, -mag, mag), 0.0).astype(_DT)
+    w = _weights(mc, rng, adj)
     fn = _edge_functions(mc, rng, adj)
     if mc.kind == "nonlinear":
+        # Once per graph, shared by every world (the users re-draw it per world, breaking twins).
         inter = (rng.random((g, n)) < mc.interaction_prob) & (adj.sum(axis=1) >= 2)
     else:
         inter = np.zeros((g, n), dtype=bool)
@@ -243,28 +197,32 @@ def _generate_group(cfg: CausalConfig, rng: np.random.Generator, g: int, n: int)
         scale = rng.uniform(nc.scale_lo, nc.scale_hi, size=(g, n)).astype(_DT)
     else:
         scale = np.full((g, n), nc.scale, dtype=_DT)
+    return Group(adj, perm, w, fn, inter, scale, kind_ids), kinds
+
+
+def _noise_scale(cfg: CausalConfig, p: Group) -> np.ndarray | None:
+    """Per-node scales to multiply noise by, or None when every scale is 1 (nothing to do)."""
+    return None if not cfg.noise.per_node and cfg.noise.scale == 1.0 else p.scale
+
+
+def _generate_group(cfg: CausalConfig, rng: np.random.Generator, g: int, n: int) -> list[dict]:
+    """All records of ``g`` graphs with ``n`` nodes, drawn in a fixed order from ``rng``."""
+    mc, nc, ic, sc = cfg.mechanism, cfg.noise, cfg.interventions, cfg.samples
+    s = sc.base
+    p, kinds = _parameters(cfg, rng, g, n)
     n_targets, per = ic.num_targets(n), ic.per_target_count()
     k = n_targets * per
-    p = _Group(adj, perm, w, fn, inter, scale, kind_ids)
     tpos = np.argsort(rng.random((g, n)), axis=1)[:, :n_targets]
     wpos = np.repeat(tpos, per, axis=1)  # [g, k] causal position of each world's target
     gidx = np.arange(g)
-    targets = perm[gidx[:, None], wpos]  # [g, k] node index of each world's target
+    targets = p.perm[gidx[:, None], wpos]  # [g, k] node index of each world's target
     # --- all worlds of all graphs live in one array: [graph, world (0 = base), sample, node index]
     worlds = np.empty((g, 1 + k, s, n), dtype=_DT)
     flat = worlds.reshape(g * (1 + k), s, n)
-    eps = _draw_noise(rng, nc, kinds, kind_ids, (n, s))
-    eps *= scale[:, :, None]
-    _simulate(flat, gidx * (1 + k), gidx, p, eps, gidx, None, mc)
-    # --- intervention values
-    if ic.mode == "adaptive":
-        sigma = worlds[:, 0].std(axis=1, dtype=np.float64)[gidx[:, None], targets]
-        c = np.tile(np.asarray(ic.coeffs), n_targets) * sigma * ic.value_scale
-    elif ic.mode == "fixed":
-        c = np.broadcast_to(np.tile(np.asarray(ic.values), n_targets), (g, k))
-    else:
-        c = rng.uniform(ic.value_lo, ic.value_hi, size=(g, k))
-    c = np.ascontiguousarray(c, dtype=_DT)
+    scale = _noise_scale(cfg, p)
+    eps = _draw_noise(rng, nc, kinds, p.kind_ids, scale, (n, s))
+    simulate(flat, gidx * (1 + k), gidx, p, eps, gidx, None, mc)
+    c, scales = _values(ic, rng, worlds[:, 0], targets, n_targets)
     # --- intervened worlds: start from the base world, set the target, recompute
     worlds[:, 1:] = worlds[:, :1]
     worlds[gidx[:, None], 1 + np.arange(k)[None, :], :, targets] = c[:, :, None]
@@ -272,74 +230,11 @@ def _generate_group(cfg: CausalConfig, rng: np.random.Generator, g: int, n: int)
     row_graph = np.repeat(gidx, k)
     row_target = wpos.reshape(-1)
     if sc.twin:
-        active = descendants(adj)[row_graph, row_target]
-        _simulate(flat, rows, row_graph, p, eps, row_graph, active, mc)
+        active = descendants(p.adj)[row_graph, row_target]
+        simulate(flat, rows, row_graph, p, eps, row_graph, active, mc)
     else:
         active = np.ones((g * k, n), dtype=bool)
         active[np.arange(g * k), row_target] = False
-        eps_i = _draw_noise(rng, nc, kinds, kind_ids[row_graph], (n, s))
-        eps_i *= scale[row_graph][:, :, None]
-        _simulate(flat, rows, row_graph, p, eps_i, np.arange(g * k), active, mc)
-    return _assemble(cfg, p, kinds, targets, c, worlds)
-
-
-def _assemble(
-    cfg: CausalConfig, p: _Group, kinds: tuple[str, ...], targets: np.ndarray, c: np.ndarray, worlds: np.ndarray
-) -> list[dict]:
-    """Permute parameters to node-index order, standardise if asked, compute delta, slice records."""
-    adj, perm, w, fn, inter, scale, kind_ids = p
-    g, n = perm.shape
-    inv = np.argsort(perm, axis=1)  # inv[g, index] = causal position
-    gi = np.arange(g)[:, None]
-    g3, ii, jj = gi[:, :, None], inv[:, :, None], inv[:, None, :]
-    adj_p = adj[g3, ii, jj].astype(np.uint8)
-    w_p = w[g3, ii, jj]
-    fn_p = fn[g3, ii, jj]
-    inter_p = inter[gi, inv].astype(np.uint8)
-    scale_p = scale[gi, inv]
-    mean = std = None
-    if cfg.samples.standardize:
-        mean = worlds[:, 0].mean(axis=1, dtype=np.float64).astype(_DT)  # [g, n], index order
-        std = worlds[:, 0].std(axis=1, dtype=np.float64).astype(_DT)
-        std[~(std > 0)] = 1.0
-        worlds -= mean[:, None, None, :]
-        worlds /= std[:, None, None, :]
-        # Same float32 ops, in the same order, as the target column of the intervened rows.
-        c = np.subtract(c, mean[gi, targets]) / std[gi, targets]
-    delta = worlds[:, 1:] - worlds[:, :1]
-    targets = targets.astype(np.int16)
-    family, mech = cfg.graph.family, cfg.mechanism.kind
-    twin, stdz = cfg.samples.twin, cfg.samples.standardize
-    orders = perm.tolist()
-    kind_names = [kinds[i] for i in kind_ids.tolist()]
-    means = mean.tolist() if stdz else None
-    stds = std.tolist() if stdz else None
-    out = []
-    for i in range(g):
-        meta = {
-            "n": n,
-            "family": family,
-            "mechanism": mech,
-            "noise": kind_names[i],
-            "twin": twin,
-            "standardized": stdz,
-            "causal_order": orders[i],
-        }
-        if stdz:
-            meta["mean"], meta["std"] = means[i], stds[i]
-        out.append(
-            {
-                "adj": adj_p[i],
-                "weights": w_p[i],
-                "edge_fn": fn_p[i],
-                "interaction": inter_p[i],
-                "noise_scale": scale_p[i],
-                "base": worlds[i, 0],
-                "int": worlds[i, 1:],
-                "delta": delta[i],
-                "targets": targets[i],
-                "values": c[i],
-                "json": meta,
-            }
-        )
-    return out
+        eps_i = _draw_noise(rng, nc, kinds, p.kind_ids[row_graph], None if scale is None else scale[row_graph], (n, s))
+        simulate(flat, rows, row_graph, p, eps_i, np.arange(g * k), active, mc)
+    return assemble_records(cfg, p, kinds, targets, c, worlds, scales)
