@@ -1,0 +1,127 @@
+"""Check a shard's sidecar index against the manifest and the tar's size, whole index at once.
+
+Readers call :func:`check_index` once when they open a shard, so every later
+read can trust the index: each payload lies inside the tar after its 512-byte
+header and after the previous member, its declared shape has the field's rank
+and fits the manifest's min/max shape, and its array data length is exactly
+shape x itemsize (JSON: at most :data:`~cachebuild.format.limits.MAX_JSON_BYTES`).
+All checks are numpy expressions over the ``[records, fields]`` index (no
+per-record Python); a fault raises :class:`ShardCorruptError` naming the shard,
+the record, the field and what is wrong.
+
+:func:`check_member_keys` reads the tar headers of chosen records and compares
+their member names with the record ids the manifest implies, so a shard listed
+under another shard's place (swapped names) is caught.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from cachebuild.errors import ShardCorruptError
+from cachebuild.format.index import MAX_NDIM
+from cachebuild.format.limits import MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
+
+__all__ = ["check_index", "check_member_keys", "expected_member_names"]
+
+_HEADER = MEMBER_MIN_BYTES
+_NAME_BYTES = 100
+
+
+def _field_limits(fields: Sequence[Any]) -> tuple[np.ndarray, ...]:
+    """Per field: ndim, itemsize (0 for JSON), min and max shape padded with 1 to MAX_NDIM."""
+    nf = len(fields)
+    ndim, item = np.zeros(nf, np.int64), np.zeros(nf, np.int64)
+    lo, hi = np.ones((nf, MAX_NDIM), np.int64), np.ones((nf, MAX_NDIM), np.int64)
+    for j, f in enumerate(fields):
+        ndim[j] = f.ndim
+        item[j] = 0 if f.dtype == "json" else np.dtype(f.dtype).itemsize
+        lo[j, : f.ndim], hi[j, : f.ndim] = f.min_shape, f.max_shape
+    return ndim, item, lo, hi
+
+
+def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int | None) -> list[tuple[str, np.ndarray]]:
+    """(what is wrong, bad mask ``[records, fields]``) for every check, in the order they are reported."""
+    ndim, item, lo, hi = _field_limits(fields)
+    off, size, nbytes = index["offset"], index["size"], index["nbytes"]
+    shape = index["shape"].astype(np.int64)
+    is_json = (item == 0)[None, :]
+    used = np.arange(MAX_NDIM)[None, :] < ndim[:, None]
+    out_of_range = np.where(used[None], (shape < lo[None]) | (shape > hi[None]), shape != 1).any(axis=2)
+    data = np.where(used[None], shape, 1).prod(axis=2) * item[None, :]
+    checks = [
+        ("rank differs from the manifest's", index["ndim"] != ndim[None, :]),
+        ("shape outside the manifest's min/max shape", out_of_range),
+        ("array data length is not shape x itemsize", ~is_json & (nbytes != data)),
+        (f"JSON length outside [0, {MAX_JSON_BYTES}]", is_json & ((nbytes < 0) | (nbytes > MAX_JSON_BYTES))),
+        ("negative payload size", size < 0),
+        (f"payload offset before its {_HEADER}-byte tar header", off < _HEADER),
+    ]
+    if raw:
+        checks.append((f"raw payload size is not array data + a header of at most {MAX_NPY_HEADER} bytes", (size < nbytes) | (size > nbytes + MAX_NPY_HEADER)))
+    if tar_size is not None:
+        checks.append((f"payload lies past the end of the tar ({tar_size} bytes)", (off > tar_size) | (size > tar_size - np.minimum(off, tar_size))))
+    flat_off, flat_size = off.reshape(-1), size.reshape(-1)
+    overlap = np.zeros(flat_off.shape, bool)
+    if flat_off.size > 1:
+        overlap[1:] = flat_off[1:] < flat_off[:-1] + np.clip(flat_size[:-1], 0, None) + _HEADER
+    checks.append(("payload overlaps the member before it (members out of order)", overlap.reshape(off.shape)))
+    return checks
+
+
+def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: int, shard: str, first_record: int, tar_size: int | None = None) -> None:
+    """Raise :class:`ShardCorruptError` unless ``index`` agrees with the manifest (``fields``, ``records``) and the tar's size."""
+    from cachebuild.format.shard_writer import record_key
+
+    if index.shape != (records, len(fields)):
+        raise ShardCorruptError(f"shard {shard}: index has shape {list(index.shape)}, the manifest implies [{records}, {len(fields)}] (records, fields)")
+    if not index.size:
+        return
+    for why, bad in _problems(index, fields, codec == "none", tar_size):
+        if bad.any():
+            r, j = (int(v[0]) for v in np.nonzero(bad))
+            e = index[r, j]
+            raise ShardCorruptError(
+                f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': corrupt index entry: {why} "
+                f"(offset {int(e['offset'])}, size {int(e['size'])}, nbytes {int(e['nbytes'])}, ndim {int(e['ndim'])}, "
+                f"shape {[int(v) for v in e['shape']]})"
+            )
+
+
+def expected_member_names(fields: Sequence[Any], codec: str, record_id: int) -> list[bytes]:
+    """The tar member names the writer gives record ``record_id``'s fields, in field order."""
+    from cachebuild.format.codec import parse_codec
+    from cachebuild.format.shard_writer import member_name, record_key
+
+    c = parse_codec(codec)
+    return [member_name(record_key(record_id), f.name, f.dtype, c).encode() for f in fields]
+
+
+def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec: str, shard: str, first_record: int, rows: Sequence[int]) -> None:
+    """Compare the tar header names (and sizes) of records ``rows`` with the names their record ids imply.
+
+    ``buf`` is the tar's bytes (an mmap or memoryview); the index was checked
+    (:func:`check_index`), so every header lies inside it.
+    """
+    from cachebuild.format.shard_writer import record_key
+
+    view = memoryview(buf)
+    for r in rows:
+        want = expected_member_names(fields, codec, first_record + r)
+        for j, name in enumerate(want):
+            start = int(index[r, j]["offset"]) - _HEADER
+            head = bytes(view[start : start + _HEADER])
+            got = head[:_NAME_BYTES].split(b"\0", 1)[0]
+            size_field = head[124:136].split(b"\0", 1)[0].strip()
+            try:
+                got_size = int(size_field or b"-1", 8)
+            except ValueError:
+                got_size = -1
+            if got != name or got_size != int(index[r, j]["size"]):
+                raise ShardCorruptError(
+                    f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': tar member is "
+                    f"{got.decode('ascii', 'replace')!r} ({got_size} bytes), expected {name.decode()!r} ({int(index[r, j]['size'])} bytes): "
+                    "shard misplaced or swapped in the manifest, or corrupt"
+                )
