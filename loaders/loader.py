@@ -136,6 +136,10 @@ class StreamLoader(DataLoader):
 def shutdown_workers(loader: Any) -> None:
     """Stop a DataLoader's (persistent) workers now, not at some later garbage collection
     (where torch's shutdown can wait seconds per worker, or run in a forked child)."""
+    ahead = getattr(loader, "_ahead", None)
+    if ahead is not None:  # first the hand-over thread lets go of the workers (bounded wait)
+        ahead.close()
+        loader._ahead = None
     it = getattr(loader, "_iterator", None)
     if it is not None and hasattr(it, "_shutdown_workers"):
         it._shutdown_workers()

@@ -24,7 +24,7 @@ from cachebuild.errors import ShardCorruptError
 from cachebuild.format.index import MAX_NDIM
 from cachebuild.format.limits import MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
 
-__all__ = ["check_index", "check_member_keys", "expected_member_names"]
+__all__ = ["check_index", "check_member_keys", "check_frames", "check_shard", "expected_member_names"]
 
 _HEADER = MEMBER_MIN_BYTES
 _NAME_BYTES = 100
@@ -99,29 +99,86 @@ def expected_member_names(fields: Sequence[Any], codec: str, record_id: int) -> 
     return [member_name(record_key(record_id), f.name, f.dtype, c).encode() for f in fields]
 
 
+def _expected_names(fields: Sequence[Any], codec: str, first_record: int, rows: np.ndarray) -> np.ndarray:
+    """``[len(rows), fields]`` fixed-width (``S100``) member names the writer gives those records."""
+    ids = np.char.zfill((first_record + rows).astype("U20"), 10)
+    suffixes = [n.decode()[len("0" * 10) :] for n in expected_member_names(fields, codec, 0)]
+    cols = [np.char.add(ids, sfx) for sfx in suffixes]
+    return np.stack(cols, axis=1).astype(f"S{_NAME_BYTES}") if cols else np.zeros((len(rows), 0), f"S{_NAME_BYTES}")
+
+
 def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec: str, shard: str, first_record: int, rows: Sequence[int]) -> None:
-    """Compare the tar header names (and sizes) of records ``rows`` with the names their record ids imply.
+    """Compare the tar header names and sizes of records ``rows`` with those their record ids imply (vectorised).
 
     ``buf`` is the tar's bytes (an mmap or memoryview); the index was checked
     (:func:`check_index`), so every header lies inside it.
     """
     from cachebuild.format.shard_writer import record_key
 
-    view = memoryview(buf)
-    for r in rows:
-        want = expected_member_names(fields, codec, first_record + r)
-        for j, name in enumerate(want):
-            start = int(index[r, j]["offset"]) - _HEADER
-            head = bytes(view[start : start + _HEADER])
-            got = head[:_NAME_BYTES].split(b"\0", 1)[0]
-            size_field = head[124:136].split(b"\0", 1)[0].strip()
-            try:
-                got_size = int(size_field or b"-1", 8)
-            except ValueError:
-                got_size = -1
-            if got != name or got_size != int(index[r, j]["size"]):
-                raise ShardCorruptError(
-                    f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': tar member is "
-                    f"{got.decode('ascii', 'replace')!r} ({got_size} bytes), expected {name.decode()!r} ({int(index[r, j]['size'])} bytes): "
-                    "shard misplaced or swapped in the manifest, or corrupt"
-                )
+    rows = np.asarray(rows, dtype=np.int64)
+    if not rows.size or not len(fields):
+        return
+    tar = np.frombuffer(buf, np.uint8)
+    entries = index[rows]
+    starts = entries["offset"].reshape(-1) - _HEADER
+    heads = tar[starts[:, None] + np.arange(136)]  # name [0:100], size field [124:136]
+    got = np.ascontiguousarray(heads[:, :_NAME_BYTES]).view(f"S{_NAME_BYTES}").reshape(len(rows), len(fields))
+    digits = heads[:, 124:135].astype(np.int64) - ord("0")
+    octal_ok = ((digits >= 0) & (digits <= 7)).all(axis=1)
+    got_size = np.where(octal_ok, (np.clip(digits, 0, 7) * (8 ** np.arange(10, -1, -1))).sum(axis=1), -1).reshape(len(rows), len(fields))
+    want = _expected_names(fields, codec, first_record, rows)
+    bad = (got != want) | (got_size != entries["size"])
+    del tar
+    if bad.any():
+        i, j = (int(v[0]) for v in np.nonzero(bad))
+        raise ShardCorruptError(
+            f"shard {shard}, record {record_key(first_record + int(rows[i]))}, field '{fields[j].name}': tar member is "
+            f"{got[i, j].decode('ascii', 'replace')!r} ({int(got_size[i, j])} bytes), expected {want[i, j].decode()!r} "
+            f"({int(entries[i, j]['size'])} bytes): shard misplaced or swapped in the manifest, or corrupt"
+        )
+
+
+def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str, first_record: int) -> None:
+    """zstd: every member's frame declares a decoded size its index entry allows (read from the frame
+    headers only, nothing is decompressed), so a decompression bomb is refused before any reader allocates."""
+    import zstandard
+
+    from cachebuild.format.shard_writer import record_key
+
+    is_json = np.array([f.dtype == "json" for f in fields])
+    flat = index.reshape(-1)
+    payloads = [view[o : o + z] for o, z in zip(flat["offset"].tolist(), flat["size"].tolist())]
+    declared = np.empty(len(payloads), np.int64)
+    for k, p in enumerate(payloads):
+        try:
+            declared[k] = zstandard.frame_content_size(p)
+        except zstandard.ZstdError:
+            declared[k] = -2
+    nbytes = flat["nbytes"]
+    extra = np.where(np.tile(is_json, len(index)), 0, MAX_NPY_HEADER)
+    bad = np.flatnonzero((declared < nbytes) | (declared > nbytes + extra))
+    if bad.size:
+        r, j = divmod(int(bad[0]), len(fields))
+        d = int(declared[bad[0]])
+        what = "has a bad frame header" if d == -2 else "does not declare its size" if d < 0 else f"declares {d} bytes"
+        raise ShardCorruptError(
+            f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': zstd frame {what}, "
+            f"the index allows {int(nbytes[bad[0]])}..{int(nbytes[bad[0]] + extra[bad[0]])} (corrupt or a decompression bomb)"
+        )
+
+
+def check_shard(manifest: Any, root: Any, s: int) -> None:
+    """Structure of shard ``s`` without decoding its arrays: index vs manifest and tar, every member's
+    key and size, zstd frame sizes, and every JSON member parsed within the limits (``stage`` runs it
+    before copying; ``verify`` runs it and then decodes everything)."""
+    from cachebuild.format.shard_reader import ShardReader
+
+    e = manifest.shards[s]
+    with ShardReader.open(manifest, root, s) as reader:
+        check_member_keys(reader._view, reader.index, manifest.fields, manifest.codec.name, e.name, e.first_record, range(e.records))
+        if manifest.codec.name == "zstd":
+            check_frames(reader._view, reader.index, manifest.fields, e.name, e.first_record)
+        for f in manifest.fields:
+            if f.dtype == "json":
+                for r in range(e.records):
+                    reader.read(r, f.name)
