@@ -52,7 +52,7 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
     if m.records:
         s = int(np.searchsorted(m.shard_starts(), record, side="right") - 1)
         e = m.shards[s]
-        with ShardReader.open(m, root, s) as reader:
+        with ShardReader.open(m, root, s, strict=True) as reader:
             lines.append(f"record {record} (shard {e.name}):")
             for name, value in reader.read_record(record - e.first_record).items():
                 lines.append(f"  {name:<12} {describe_value(value)}")

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-__all__ = ["Handover"]
+__all__ = ["Handover", "clean_worker_error"]
 
 _DONE = object()
 CLOSE_TIMEOUT_S = 10.0
@@ -90,3 +90,26 @@ class Handover:
             if self._thread.is_alive() and (getattr(self._source, "_shutdown", False) or time.monotonic() > deadline):
                 return False
         return True
+
+
+def clean_worker_error(exc: BaseException) -> BaseException:
+    """A cachebuild error raised in a DataLoader worker, with its own one-line message again.
+
+    torch re-raises a worker's exception as the same type with the worker's whole
+    traceback as its message; for our own errors (whose message already names the
+    shard, record and field) that buries the one line a user needs. Anything else
+    is returned unchanged.
+    """
+    from cachebuild.errors import CacheBuildError
+
+    text = str(exc)
+    if not isinstance(exc, CacheBuildError) or not text.startswith("Caught ") or "Traceback" not in text:
+        return exc
+    prefix = f"{type(exc).__module__}.{type(exc).__qualname__}: "
+    last = [ln for ln in text.splitlines() if ln.startswith(prefix)]
+    if not last:
+        return exc
+    try:
+        return type(exc)(last[-1][len(prefix) :])
+    except Exception:  # a subclass with another constructor: keep torch's message
+        return exc

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from loaders.batch import Batch, PackedBatch
-from loaders.handover import Handover
+from loaders.handover import Handover, clean_worker_error
 from loaders.slots import SlotRings, register, unregister
 from loaders.stream import ShardStream
 
@@ -85,10 +85,13 @@ class StreamLoader(DataLoader):
             for batch in ahead if ahead is not None else map(PackedBatch.unpack, it):
                 progress.advance()
                 yield batch
-        except Exception:
+        except Exception as exc:
             if ahead is not None:
                 ahead.close()
             self._stop_workers(it)
+            clean = clean_worker_error(exc)  # a worker's cachebuild error: its one-line message, not torch's traceback text
+            if clean is not exc:
+                raise clean from exc
             raise
         finally:
             if ahead is not None:
