@@ -274,3 +274,28 @@ def test_index_checks_are_vectorised_and_name_the_first_bad_entry(good):
     with pytest.raises(ShardCorruptError, match=rf"record {e.first_record + 2:010d}, field 'mat': corrupt index entry: shape outside"):
         check_index(bad, m.fields, "none", e.records, e.name, e.first_record, e.bytes)
     assert np.array_equal(index, load_index(good["raw"] / e.index))
+
+
+def test_flipped_bits_in_raw_array_data_are_caught_by_default(tmp_path, good):
+    """The default ``verify="crc"``: any bit flipped in a raw payload's array data is an error naming the record."""
+    from cachebuild.errors import ShardCorruptError
+    from loaders import ShardStream
+
+    rng = np.random.default_rng(0)
+    src = good["raw"]
+    doc = load_doc(src)
+    for trial in range(12):
+        root = copy_cache(src, tmp_path / f"flip{trial}")
+        index = read_index(root, doc, 1)
+        r, j = int(rng.integers(index.shape[0])), int(rng.integers(3))  # an array field: mat, vec, ident
+        e = index[r, j]
+        pos = int(e["offset"]) + int(e["size"]) - 1 - int(rng.integers(int(e["nbytes"])))
+        tar = bytearray((root / doc["shards"][1]["name"]).read_bytes())
+        tar[pos] ^= 1 << int(rng.integers(8))
+        (root / doc["shards"][1]["name"]).write_bytes(bytes(tar))
+        rehash(root, doc, 1)  # even with the manifest's sha256 updated
+        save_doc(root, doc)
+        rid = doc["shards"][1]["first_record"] + r
+        with pytest.raises(ShardCorruptError, match=rf"record {rid:010d}, field '{list(doc['fields'])[j]}': crc32 mismatch"):
+            for _ in ShardStream(root, view="records", batch_size=32, shuffle=False):
+                pass
