@@ -164,7 +164,7 @@ def _field_meta(shards: "ShardSet", names: tuple[str, ...]) -> tuple[np.ndarray,
 def _plan_frames(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, names: list[str], entries: np.ndarray) -> tuple[_Frames, list[np.ndarray]]:
     """Order the frames by (field, shape) (all fields at once)."""
     m, nf = entries.shape
-    ndim, itemsize, max_shape, mult, fits = _field_meta(shards, tuple(names))
+    ndim, _, _, mult, fits = _field_meta(shards, tuple(names))
     shape = entries["shape"].astype(np.int64)  # [m, nf, MAX_NDIM], unused dims are 1
     used = np.arange(MAX_NDIM)[None, :] < ndim[:, None]  # [nf, MAX_NDIM]
     shape_used = np.where(used, shape, 1)

@@ -299,3 +299,27 @@ def test_flipped_bits_in_raw_array_data_are_caught_by_default(tmp_path, good):
         with pytest.raises(ShardCorruptError, match=rf"record {rid:010d}, field '{list(doc['fields'])[j]}': crc32 mismatch"):
             for _ in ShardStream(root, view="records", batch_size=32, shuffle=False):
                 pass
+
+
+@pytest.mark.parametrize("key,value", [("name", "../../escape.tar"), ("index", "/etc/passwd"), ("name", "sub/shard.tar")])
+def test_remote_fetcher_and_stream_refuse_traversal_names(tmp_path, good, key, value):
+    """A remote manifest naming files outside the cache: refused before any shard request or local write."""
+    from cachebuild.errors import ManifestError
+    from loaders import ShardStream
+    from loaders.remote import RemoteOptions, fetch_manifest
+    from remote_fixtures import serve_folder
+
+    root = copy_cache(good["zstd"], tmp_path / "served" / "cache")
+    doc = load_doc(root)
+    doc["shards"][0][key] = value
+    save_doc(root, doc)
+    local = tmp_path / "local"
+    opts = RemoteOptions(cache_dir=str(local), cache_limit_bytes=1 << 30, timeout_s=5, retries=0)
+    requests: list[str] = []
+    with serve_folder(root.parent, requests) as (url, _):
+        with pytest.raises(ManifestError, match=rf"shards\[0\]\.{key} = '{re.escape(value)}' is not a plain file name"):
+            fetch_manifest(f"{url}/cache", opts)
+        with pytest.raises(ManifestError, match=rf"shards\[0\]\.{key}"):
+            ShardStream(f"{url}/cache", view="records", batch_size=8, remote=opts)
+    assert requests == ["/cache/manifest.json"] * 2
+    assert not local.exists() or not any(local.rglob("*.tar"))
