@@ -38,6 +38,7 @@ __all__ = [
     "MAX_SHARD_BYTES",
     "MEMBER_MIN_BYTES",
     "RESERVED_NAMES",
+    "FIELD_NAME_RE",
     "check_file_name",
     "check_manifest",
     "check_dtype",
@@ -56,6 +57,7 @@ END_BYTES = 1024  # the tar's end-of-archive blocks
 RESERVED_NAMES = frozenset({"manifest.json", "build.json", ".cachebuild-stage.json"})
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
+FIELD_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 _DTYPE_KINDS = "biuf"  # bool, signed, unsigned, float
 _STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
@@ -129,7 +131,7 @@ def _whole(value: Any, field: str, where: str, lo: int = 0, hi: int = 1 << 62) -
 def _check_field(f: Any, codec: str, biggest_shard: int, where: str) -> None:
     """A field schema: allowed name and dtype, rank, shapes in range, largest member bounded."""
     label = f"fields.{f.name}" if isinstance(f.name, str) else "fields"
-    if not isinstance(f.name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", f.name):
+    if not isinstance(f.name, str) or not FIELD_NAME_RE.fullmatch(f.name):
         raise ManifestError(f"{where}: field name {f.name!r} is not allowed (letters, digits, _ and -, at most 64)")
     check_dtype(f.dtype, f"{label}.dtype", where)
     from cachebuild.format.index import MAX_NDIM
@@ -143,7 +145,7 @@ def _check_field(f: Any, codec: str, biggest_shard: int, where: str) -> None:
             _whole(d, f"{label}.{key}", where, 0, 1 << 40)
     if any(lo > hi for lo, hi in zip(f.min_shape, f.max_shape)):
         raise ManifestError(f"{where}: {label}.min_shape {list(f.min_shape)} exceeds max_shape {list(f.max_shape)}")
-    limit = MAX_MEMBER_BYTES if codec != "none" else min(MAX_MEMBER_BYTES, biggest_shard)
+    limit = MAX_MEMBER_BYTES if codec != "none" or not biggest_shard else min(MAX_MEMBER_BYTES, biggest_shard)
     if f.dtype != "json" and decoded_limit(f.dtype, f.max_shape) > limit:
         raise ManifestError(
             f"{where}: {label}.max_shape = {list(f.max_shape)} ({f.dtype}) means members of "
