@@ -40,6 +40,7 @@ CASES = [
     (["generate", "--graphs", "100", "--shard-mb", "inf"], "shard_mb"),
     (["generate", "--graphs", "0"], "graphs"),
     (["generate", "--graphs", "100", "--seed", "-1"], "seed"),
+    (["generate", "--graphs", "100", "--samples", "100000000000"], "one record would take about"),
     (["mel", "--synthetic", "100000000000000000000"], "--synthetic"),
     (["bench", "{cache}", "--seconds", "nan"], "--seconds"),
     (["bench", "{cache}", "--seconds", "inf"], "--seconds"),

@@ -31,6 +31,7 @@ from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
 from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.codec import Codec
 from cachebuild.format.index import INDEX_DTYPE
+from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
 from cachebuild.format.shard_writer import ShardWriter, WrittenShard, index_name
@@ -202,7 +203,10 @@ def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records")
     """Build (or finish, or confirm) the cache described by ``source`` and ``opts``."""
     opts.validate()
     t0 = time.perf_counter()
-    per_shard = records_per_shard(opts.records, opts.shard_bytes, source.estimated_record_bytes())
+    record_bytes = source.estimated_record_bytes()
+    if record_bytes > MAX_MEMBER_BYTES:
+        raise ConfigError(f"one record would take about {record_bytes} bytes, more than the {MAX_MEMBER_BYTES}-byte limit of a member: check the recipe's sizes (samples, nodes, segments)")
+    per_shard = records_per_shard(opts.records, opts.shard_bytes, record_bytes)
     n_shards = -(-opts.records // per_shard)
     if n_shards > MAX_SHARDS:
         raise ConfigError(f"{opts.records} records at {per_shard} per shard make {n_shards} shards, more than {MAX_SHARDS}: raise build.shard_mb or build fewer records")
