@@ -3,8 +3,11 @@
 Shards are opened lazily, on first use in the process that reads them
 (each DataLoader worker has its own), and kept open. Opening checks what can
 be checked cheaply: the tar's size against the manifest (a truncated shard is
-reported with the first record that lies past its end), the index's sha256
-against the manifest, and its record count. A listed file that is absent is a
+reported with the first record that lies past its end), the index's size and
+sha256 against the manifest, every index entry against the field schemas and
+the tar's size (one vectorised pass, :mod:`cachebuild.format.index_check`),
+and the tar member names of the first and last records against the record ids
+the manifest implies (a swapped or misplaced shard). A listed file that is absent is a
 :class:`ManifestError`; every other fault is a :class:`ShardCorruptError`
 naming the file (and record, where one is at fault).
 
