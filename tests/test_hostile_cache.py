@@ -6,7 +6,10 @@ then recomputes every size and sha256 in the manifest), and runs ``verify``, ``i
 the loader with 0 and 2 workers and ``stage`` in a fresh process (for its peak RSS).
 Each must fail with a cachebuild error (no traceback, one line) whose message matches the
 case; a sentinel file outside the cache stays as it was, nothing new appears beside the
-cache, and the stage destination is never created.
+cache, and the stage destination is never created. Two kinds of edit touch bytes that some
+readers never interpret, and those readers may finish: JSON members (no loader view decodes
+them) and a member's ``.npy`` header (the loader and ``stage`` read array data at the
+index's offset as the manifest's dtype; ``verify`` and ``inspect`` check the header).
 """
 
 from __future__ import annotations
