@@ -423,18 +423,20 @@ def run_bench(
     """
     import torch
 
+    from cachebuild.checks import finite, whole
     from cachebuild.format.manifest import read_manifest
     from loaders import ShardStream, make_loader, to_device
     from loaders.loader import shutdown_workers
 
-    if workers < 0:
-        raise ConfigError(f"--workers must be >= 0, got {workers}")
-    if step_ms < 0:
-        raise ConfigError(f"--step-ms must be >= 0, got {step_ms}")
-    if seconds is not None and seconds <= 0:
-        raise ConfigError(f"--seconds must be > 0, got {seconds}")
-    if batches is not None and batches < 2:
-        raise ConfigError(f"--batches must be >= 2 (the first batch is warm-up), got {batches}")
+    whole("--workers", workers, 0, 256)
+    finite("--step-ms", step_ms, 0, 3.6e6)
+    if seconds is not None:
+        finite("--seconds", seconds, 0, 1e6, lo_open=True)
+    if batches is not None:
+        whole("--batches", batches, 2, 1 << 40)  # the first batch is warm-up
+    if batch_size is not None:
+        whole("--batch-size", batch_size, 1, 1 << 24)
+    whole("--sample", sample, 1, 1 << 20)
     if seconds is None and batches is None:
         seconds = 10.0
     plot = _check_plot(plot)
@@ -454,9 +456,7 @@ def run_bench(
             except ImportError:
                 pass
         raise ConfigError(f"unknown view {view!r}; choose one of: {', '.join(sorted(views_mod.VIEWS))}")
-    batch_size = batch_size or DEFAULT_BATCH.get(view, 256)
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    batch_size = DEFAULT_BATCH.get(view, 256) if batch_size is None else batch_size
     consumer = consumer or ("sleep" if step_ms > 0 else "none")
     if consumer not in ("none", "sleep", "model"):
         raise ConfigError(f"unknown consumer {consumer!r}; choose none, sleep or model")

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from cachebuild.build.builder import ratio_text
+from cachebuild.errors import ConfigError
 from cachebuild.format.manifest import read_manifest
 from cachebuild.format.shard_reader import ShardReader
 
@@ -59,11 +60,13 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
         else:
             vary = f" (varying axes {list(f.varying_axes)})" if f.varying_axes else ""
             lines.append(f"  {f.name:<12} {f.dtype:<8} max shape {list(f.max_shape)}{vary}")
+    if not isinstance(record, int) or isinstance(record, bool) or not 0 <= record < max(m.records, 1):
+        allowed = f"0 to {m.records - 1}" if m.records else "none (the cache is empty)"
+        raise ConfigError(f"--record {record} is out of range: {root} holds {m.records} records ({allowed})")
     if m.records:
-        record = min(max(record, 0), m.records - 1)
         s = int(np.searchsorted(m.shard_starts(), record, side="right") - 1)
         e = m.shards[s]
-        with ShardReader(root / e.name, root / e.index, [(f.name, f.dtype) for f in m.fields], m.codec, e.first_record, e.bytes) as reader:
+        with ShardReader.open(m, root, s, strict=True) as reader:
             lines.append(f"record {record} (shard {e.name}):")
             for name, value in reader.read_record(record - e.first_record).items():
                 lines.append(f"  {name:<12} {describe_value(value)}")

@@ -71,6 +71,7 @@ def run_mel_build(
 ) -> BuildSummary:
     """Build a mel cache (one record per audio file) from exactly one source."""
     from cachebuild.build.mel_source import MelBuildSource
+    from cachebuild.checks import MAX_RECORDS, whole
     from cachebuild.errors import ConfigError
     from cachebuild.mel.config import parse_mel_config
     from cachebuild.mel.sources import H5Source, SyntheticSource, WavFolderSource
@@ -85,8 +86,7 @@ def run_mel_build(
     elif from_wav is not None:
         source = WavFolderSource(from_wav, cfg)
     else:
-        if synthetic < 1:
-            raise ConfigError.bad_value("synthetic", synthetic, "must be a number of files >= 1")
+        whole("--synthetic", synthetic, 1, MAX_RECORDS)
         source = SyntheticSource(synthetic, cfg, recipe.seed)
     if len(source) == 0:
         raise ConfigError(f"the source has no usable audio files: {source.describe().get('path')}")

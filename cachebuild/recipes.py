@@ -7,10 +7,12 @@ table belongs to the generator's own parser, which validates it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from cachebuild.checks import MAX_RECORDS
 from cachebuild.config_file import apply_overrides, load_toml
 from cachebuild.errors import ConfigError
 from cachebuild.format.codec import Codec, parse_codec
@@ -18,6 +20,8 @@ from cachebuild.format.codec import Codec, parse_codec
 __all__ = ["Recipe", "load_recipe", "BUILD_KEYS"]
 
 BUILD_KEYS = ("shard_mb", "codec", "level", "workers")
+MAX_SEED = (1 << 63) - 1
+MAX_SHARD_MB = 65536  # 64 GiB shards; beyond that a typo
 
 
 @dataclass(frozen=True)
@@ -32,9 +36,9 @@ class Recipe:
     workers: int | None
 
 
-def _int(key: str, value: Any, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError.bad_value(key, value, f"must be a whole number >= {minimum}")
+def _int(key: str, value: Any, minimum: int, maximum: int = 1 << 62) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+        raise ConfigError.bad_value(key, value, f"must be a whole number from {minimum} to {maximum}")
     return value
 
 
@@ -54,16 +58,16 @@ def load_recipe(
     unknown = sorted(set(build) - set(BUILD_KEYS))
     if unknown:
         raise ConfigError(f"unknown config key 'build.{unknown[0]}' (allowed: {', '.join(BUILD_KEYS)})")
-    seed = _int("seed", doc.get("seed", 0), 0)
+    seed = _int("seed", doc.get("seed", 0), 0, MAX_SEED)
     count = doc.get(count_key)
     if count is not None:
-        count = _int(count_key, count, 1)
+        count = _int(count_key, count, 1, MAX_RECORDS)
     shard_mb = build.get("shard_mb", 256)
-    if not isinstance(shard_mb, (int, float)) or isinstance(shard_mb, bool) or shard_mb <= 0:
-        raise ConfigError.bad_value("build.shard_mb", shard_mb, "must be a number of megabytes > 0")
+    if not isinstance(shard_mb, (int, float)) or isinstance(shard_mb, bool) or not math.isfinite(shard_mb) or not 0 < shard_mb <= MAX_SHARD_MB:
+        raise ConfigError.bad_value("build.shard_mb", shard_mb, f"must be a finite number of megabytes in (0, {MAX_SHARD_MB}]")
     workers = build.get("workers")
     if workers is not None:
-        workers = _int("build.workers", workers, 1)
+        workers = _int("build.workers", workers, 1, 4096)
     codec = parse_codec(build.get("codec", default_codec), build.get("level"))
     table = {k: v for k, v in doc.items() if k not in ("build", count_key)}
     return Recipe(table, seed, count, codec, int(shard_mb * (1 << 20)), workers)

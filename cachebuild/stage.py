@@ -26,6 +26,7 @@ from typing import Callable
 from cachebuild.build.markers import file_sha256
 from cachebuild.errors import CacheBuildError, OutputError, ShardCorruptError
 from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name, output_error, tmp_name
+from cachebuild.format.index_check import check_shard
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
 
 __all__ = ["STAMP_NAME", "StageResult", "UnstageResult", "default_dst", "stage_cache", "unstage_cache"]
@@ -290,6 +291,7 @@ def stage_cache(src: str | Path, dst: str | Path | None = None, progress: bool =
     manifest_current = _read_bytes(dst / MANIFEST_NAME) == manifest_bytes
     if not todo and manifest_current:
         return StageResult(src, dst, len(files), 0, sum(f.bytes for f in files), 0, time.perf_counter() - t0, False)
+    _check_structure(src, manifest, {f.shard for f in todo})  # before DST is touched
     stale = (set(stamp.get("expected", [])) | set(old)) - names
     _check_space(dst, todo, _held(dst, stale | {f.name for f in todo}))
     try:
@@ -310,6 +312,14 @@ def stage_cache(src: str | Path, dst: str | Path | None = None, progress: bool =
             raise OutputError(f"cannot read {exc.filename}: {exc.strerror}") from exc
         raise output_error(Path(exc.filename or dst), exc) from exc
     return StageResult(src, dst, len(files), len(todo), sum(f.bytes for f in files), sum(f.bytes for f in todo), time.perf_counter() - t0, True)
+
+
+def _check_structure(src: Path, manifest: Manifest, shards: set[str]) -> None:
+    """Refuse a source shard whose index, member keys, frame sizes or JSON members are wrong
+    (:func:`cachebuild.format.index_check.check_shard`), before anything is copied."""
+    for s, e in enumerate(manifest.shards):
+        if e.name in shards:
+            check_shard(manifest, src, s)
 
 
 def _entry(path: Path, f: _File) -> dict:

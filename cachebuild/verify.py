@@ -7,10 +7,13 @@ from pathlib import Path
 
 from cachebuild.build.markers import file_sha256
 from cachebuild.errors import ShardCorruptError
+from cachebuild.format.index_check import check_member_keys
 from cachebuild.format.manifest import Manifest, read_manifest
 from cachebuild.format.shard_reader import ShardReader
 
-__all__ = ["VerifyReport", "verify_cache"]
+__all__ = ["VerifyReport", "verify_cache", "MAX_FAULTS"]
+
+MAX_FAULTS = 1000  # per shard: a wholly corrupt shard is reported, not listed member by member
 
 
 @dataclass
@@ -42,23 +45,27 @@ def _verify_shard(manifest: Manifest, root: Path, i: int, decode: bool, report: 
     if file_sha256(idx) != entry.index_sha256:
         report.faults.append(f"shard {entry.name}: index {entry.index} sha256 mismatch (corrupt)")
         return
-    fields = [(f.name, f.dtype) for f in manifest.fields]
     try:
-        reader = ShardReader(tar, idx, fields, manifest.codec, entry.first_record, entry.bytes, check_crc=True)
+        reader = ShardReader.open(manifest, root, i, check_crc=True, strict=True)
     except ShardCorruptError as exc:
         report.faults.append(str(exc))
         return
     with reader:
-        if len(reader) != entry.records:
-            report.faults.append(f"shard {entry.name}: index lists {len(reader)} records, manifest says {entry.records}")
+        try:
+            check_member_keys(reader._view, reader.index, manifest.fields, manifest.codec.name, entry.name, entry.first_record, range(len(reader)))
+        except ShardCorruptError as exc:
+            report.faults.append(str(exc))
+            return
         if not decode:
             return
         for r in range(len(reader)):
-            for name, _ in fields:
+            for f in manifest.fields:
                 try:
-                    reader.read(r, name)
+                    reader.read(r, f.name)
                 except ShardCorruptError as exc:
                     report.faults.append(str(exc))
+                    if len(report.faults) >= MAX_FAULTS:
+                        return
             report.records += 1
 
 

@@ -18,7 +18,6 @@ field. (:class:`ShardSet`, the open shards, lives in :mod:`loaders.shards`.)
 
 from __future__ import annotations
 
-import json
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -30,6 +29,8 @@ import zstandard
 
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.index import MAX_NDIM
+from cachebuild.format.index_check import frame_headers, parse_frame_headers
+from cachebuild.format.limits import MAX_NPY_HEADER, load_json_bounded
 from cachebuild.format.shard_writer import JSON_DTYPE
 from loaders.shards import VERIFY_MODES, ShardSet, check_shard_files
 
@@ -161,23 +162,14 @@ def _field_meta(shards: "ShardSet", names: tuple[str, ...]) -> tuple[np.ndarray,
 
 
 def _plan_frames(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, names: list[str], entries: np.ndarray) -> tuple[_Frames, list[np.ndarray]]:
-    """Order the frames by (field, shape) and check the index against the manifest's schema (all fields at once)."""
+    """Order the frames by (field, shape) (all fields at once)."""
     m, nf = entries.shape
-    ndim, itemsize, max_shape, mult, fits = _field_meta(shards, tuple(names))
+    ndim, _, _, mult, fits = _field_meta(shards, tuple(names))
     shape = entries["shape"].astype(np.int64)  # [m, nf, MAX_NDIM], unused dims are 1
     used = np.arange(MAX_NDIM)[None, :] < ndim[:, None]  # [nf, MAX_NDIM]
     shape_used = np.where(used, shape, 1)
-    bad = (entries["ndim"] != ndim) | (entries["nbytes"] != shape_used.prod(axis=2) * itemsize)
-    bad |= ((shape_used > max_shape) | (shape_used < 0)).any(axis=2)
-    if shards.codec == "none":
-        bad |= entries["nbytes"] > entries["size"]
-    if bad.any():
-        i, f = (int(v[0]) for v in np.nonzero(bad))
-        e, schema = entries[i, f], shards.manifest.schema(names[f])
-        raise ShardCorruptError(
-            f"{shards.where(int(ids[i]), names[f])}: index entry (ndim {int(e['ndim'])}, shape {tuple(int(v) for v in e['shape'])}, "
-            f"{int(e['nbytes'])} bytes) disagrees with the manifest ({schema.dtype}, max shape {schema.max_shape}): corrupt index"
-        )
+    # Every entry was checked against the schemas and the tar when its shard was opened
+    # (cachebuild.format.index_check), so shapes, lengths and offsets are trusted here.
     all_shapes = [shape[:, f, : ndim[f]] for f in range(nf)]
     if fits:
         keys = np.einsum("mfd,fd->fm", shape_used, mult)  # [nf, m], equal iff shapes equal
@@ -218,8 +210,9 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     dctx = zstandard.ZstdDecompressor()
     if threads > 1 and int(fr.size.sum()) < _THREADED_MIN_BYTES:
         threads = 1  # starting threads costs more than a small block's decompression
+    sizes = _declared_sizes(shards, ids, names, fr, payloads)
     try:
-        out = dctx.multi_decompress_to_buffer(payloads, threads=threads)
+        out = dctx.multi_decompress_to_buffer(payloads, decompressed_sizes=sizes, threads=threads)
     except zstandard.ZstdError as exc:
         m = _ITEM_RE.search(str(exc))
         i = int(m.group(1)) if m else _first_bad_frame(dctx, payloads)
@@ -247,6 +240,27 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     return buffers, buf_id, data_off, (out, stride_ok)
 
 
+def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, payloads: list[memoryview]) -> bytes:
+    """Each frame's declared decoded size, refused unless it is the index's array data plus a small
+    ``.npy`` header: nothing is allocated for a frame that claims more (a decompression bomb)."""
+    hdr = np.empty((len(fr.offset), 18), np.uint8)
+    order = np.argsort(fr.shard, kind="stable")
+    cuts = np.flatnonzero(np.diff(fr.shard[order])) + 1
+    for rows in np.split(order, cuts):  # one gather per shard touched, one parse for the block
+        if rows.size:
+            hdr[rows] = frame_headers(np.frombuffer(shards.shard(int(fr.shard[rows[0]])).view, np.uint8), fr.offset[rows])
+    fcs = parse_frame_headers(hdr, fr.size)
+    if (fcs == -2).any():
+        i = int(np.flatnonzero(fcs == -2)[0])
+        raise _corrupt(shards, ids, names, fr, i, "not a zstd frame (bad frame header)")
+    bad = np.flatnonzero((fcs < fr.nbytes) | (fcs > fr.nbytes + MAX_NPY_HEADER))
+    if bad.size:
+        i = int(bad[0])
+        what = "does not declare its size" if fcs[i] < 0 else f"declares {int(fcs[i])} bytes"
+        raise _corrupt(shards, ids, names, fr, i, f"zstd frame {what}, the index allows {int(fr.nbytes[i])}..{int(fr.nbytes[i]) + MAX_NPY_HEADER} (corrupt or a decompression bomb)")
+    return fcs.astype(np.uint64).tobytes()
+
+
 def _first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Sequence[memoryview]) -> int:
     for i, p in enumerate(payloads):
         try:
@@ -264,9 +278,10 @@ def _decode_raw(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames
     dst = memoryview(stage)
     views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard)}
     check = shards.verify == "crc"
+    crcs = fr.crc.tolist()
     for i, (s, o, z, nb, a) in enumerate(zip(fr.shard.tolist(), fr.offset.tolist(), fr.size.tolist(), fr.nbytes.tolist(), data_off.tolist())):
         src = views[s][o : o + z]
-        if check and zlib.crc32(src) != int(fr.crc[i]):
+        if check and zlib.crc32(src) != crcs[i]:
             raise _corrupt(shards, ids, names, fr, i, "crc32 mismatch (corrupt payload)")
         dst[a : a + nb] = src[z - nb :]
     stride_ok = np.ones(len(padded), bool)
@@ -334,9 +349,16 @@ def _read_json(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarr
         shard = shards.shard(sh)
         e = shard.index[loc, j]
         raw = shard.view[int(e["offset"]) : int(e["offset"]) + int(e["size"])]
+        nbytes = int(e["nbytes"])
         try:
-            data = dctx.decompress(raw) if dctx is not None else bytes(raw)
-            values.append(json.loads(bytes(data[len(data) - int(e["nbytes"]) :])))
-        except (zstandard.ZstdError, ValueError) as exc:
+            if dctx is not None:
+                declared = zstandard.frame_content_size(raw)
+                if declared != nbytes:
+                    raise ShardCorruptError(f"{shards.where(rid, name)}: zstd frame declares {declared} bytes, the index says {nbytes} (corrupt or a decompression bomb)")
+                data = dctx.decompress(raw, max_output_size=nbytes)
+            else:
+                data = raw
+        except zstandard.ZstdError as exc:
             raise ShardCorruptError(f"{shards.where(rid, name)}: {exc}") from exc
+        values.append(load_json_bounded(data[len(data) - nbytes :], shards.where(rid, name), ShardCorruptError))
     return FieldBlock(name, None, np.zeros((len(ids), 0), np.int64), values=values)

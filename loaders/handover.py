@@ -9,18 +9,22 @@ wait time on every step; done on this thread, it overlaps the trainer's step
 One protocol (as torchdata's ``_populate_queue``): a bounded queue, a stop
 event checked with a timeout, exceptions carried to the consumer and re-raised
 there, and an explicit ``close()`` that joins the thread, so nothing else ever
-touches the source iterator while the thread may.
+touches the source iterator while the thread may. The join is bounded (see
+:meth:`Handover.close`): shutting down never hangs, in whatever order the user
+stops the workers and closes the iterator.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any, Callable, Iterator
 
-__all__ = ["Handover"]
+__all__ = ["Handover", "clean_worker_error"]
 
 _DONE = object()
+CLOSE_TIMEOUT_S = 10.0
 
 
 class _Raised:
@@ -66,12 +70,46 @@ class Handover:
                 raise item.exc
             yield item
 
-    def close(self) -> None:
-        """Stop the thread and wait for it (it finishes the item it is fetching, if any)."""
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+        """Stop the thread and wait for it to let go of the source; True when it did.
+
+        The wait is bounded: it ends when the thread finishes the item it is
+        fetching, at once when the source was shut down under it (a torch
+        iterator whose workers were stopped never yields again), or after
+        ``timeout`` seconds. A thread left behind is a daemon blocked on a dead
+        source: it holds no lock the caller needs and does not delay exit.
+        """
         self._stop.set()
+        deadline = time.monotonic() + timeout
         while self._thread.is_alive():
             try:
                 self._queue.get_nowait()  # unblock a put
             except queue.Empty:
                 pass
-            self._thread.join(timeout=0.1)
+            self._thread.join(timeout=0.05)
+            if self._thread.is_alive() and (getattr(self._source, "_shutdown", False) or time.monotonic() > deadline):
+                return False
+        return True
+
+
+def clean_worker_error(exc: BaseException) -> BaseException:
+    """A cachebuild error raised in a DataLoader worker, with its own one-line message again.
+
+    torch re-raises a worker's exception as the same type with the worker's whole
+    traceback as its message; for our own errors (whose message already names the
+    shard, record and field) that buries the one line a user needs. Anything else
+    is returned unchanged.
+    """
+    from cachebuild.errors import CacheBuildError
+
+    text = str(exc)
+    if not isinstance(exc, CacheBuildError) or not text.startswith("Caught ") or "Traceback" not in text:
+        return exc
+    prefix = f"{type(exc).__module__}.{type(exc).__qualname__}: "
+    last = [ln for ln in text.splitlines() if ln.startswith(prefix)]
+    if not last:
+        return exc
+    try:
+        return type(exc)(last[-1][len(prefix) :])
+    except Exception:  # a subclass with another constructor: keep torch's message
+        return exc

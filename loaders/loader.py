@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from loaders.batch import Batch, PackedBatch
-from loaders.handover import Handover
+from loaders.handover import Handover, clean_worker_error
 from loaders.slots import SlotRings, register, unregister
 from loaders.state import make_state
 from loaders.stream import ShardStream
@@ -87,10 +87,13 @@ class StreamLoader(DataLoader):
             for batch in ahead if ahead is not None else map(PackedBatch.unpack, it):
                 progress.advance()
                 yield batch
-        except Exception:
+        except Exception as exc:
             if ahead is not None:
                 ahead.close()
             self._stop_workers(it)
+            clean = clean_worker_error(exc)  # a worker's cachebuild error: its one-line message, not torch's traceback text
+            if clean is not exc:
+                raise clean from exc
             raise
         finally:
             if ahead is not None:
@@ -167,6 +170,10 @@ def loader_state(loader: DataLoader) -> dict[str, Any]:
 def shutdown_workers(loader: Any) -> None:
     """Stop a DataLoader's (persistent) workers now, not at some later garbage collection
     (where torch's shutdown can wait seconds per worker, or run in a forked child)."""
+    ahead = getattr(loader, "_ahead", None)
+    if ahead is not None:  # first the hand-over thread lets go of the workers (bounded wait)
+        ahead.close()
+        loader._ahead = None
     it = getattr(loader, "_iterator", None)
     if it is not None and hasattr(it, "_shutdown_workers"):
         it._shutdown_workers()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, TypeVar
 
 from cachebuild.errors import RemoteError, ShardCorruptError
+from cachebuild.format.limits import MAX_MANIFEST_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 
 T = TypeVar("T")
@@ -95,12 +96,13 @@ def _with_retries(url: str, opts: RemoteOptions, action):
 
 
 def fetch_manifest(url: str, opts: RemoteOptions = RemoteOptions()) -> Manifest:
-    """Download and parse ``URL/manifest.json``."""
+    """Download and parse ``URL/manifest.json`` (bounded size; every name in it is checked to be a
+    plain file name, so shards are fetched only from under ``url`` and only into the local cache folder)."""
     target = f"{url.rstrip('/')}/{MANIFEST_NAME}"
 
     def get() -> bytes:
         with _open_url(target, opts) as fh:
-            return fh.read()
+            return fh.read(MAX_MANIFEST_BYTES + 1)  # more than the limit is refused by from_json
 
     return Manifest.from_json(_with_retries(target, opts, get), url.rstrip("/"))
 

@@ -109,7 +109,8 @@ class ShardStream(IterableDataset):
         remote: how to read a remote ``root`` (local cache folder and its size limit,
             prefetch, timeouts, retries, fsspec storage options); default
             :class:`loaders.remote.RemoteOptions()`. Ignored for local caches.
-        verify: ``"size"`` or ``"crc"`` (see :data:`loaders.blockread.VERIFY_MODES`).
+        verify: ``"crc"`` (default: raw payloads' crc32 checked on every read) or ``"size"``
+            (see :data:`loaders.blockread.VERIFY_MODES`).
         decode_threads: zstd threads when iterating in the main process
             (default: up to 4); DataLoader workers always use 1.
         **view_options: passed to the view (e.g. ``compact=True`` for twins).
@@ -132,7 +133,7 @@ class ShardStream(IterableDataset):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
-        verify: str = "size",
+        verify: str = "crc",
         decode_threads: int | None = None,
         remote: RemoteOptions | None = None,
         **view_options: Any,

@@ -92,6 +92,6 @@ class _Sampler:
         """Stop the thread; take one last sample so short epochs still get numbers."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout=5.0)  # bounded: one NVML/psutil sample at most
             self._thread = None
             self.sample()

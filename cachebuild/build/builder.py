@@ -22,14 +22,17 @@ import numpy as np
 
 from cachebuild.build.backends import BACKENDS, run_jobs
 from cachebuild.build.determinism import build_environment, source_determinism
+from cachebuild.build.lock import LOCK_NAME, build_lock
 from cachebuild.build.markers import BUILD_RECORD, done_name, read_valid_done, write_done
 from cachebuild.build.output import LocalOutput, Output, open_output
 from cachebuild.build.plan import BLOCK_RECORDS, ShardSpec, plan_shards
 from cachebuild.build.source import RecordSource
+from cachebuild.checks import MAX_RECORDS, MAX_SHARDS
 from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
 from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.codec import Codec
 from cachebuild.format.index import INDEX_DTYPE
+from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
 from cachebuild.format.shard_writer import ShardWriter, WrittenShard, index_name
@@ -59,8 +62,8 @@ class BuildOptions:
     storage_options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        if not isinstance(self.records, int) or isinstance(self.records, bool) or self.records < 1:
-            raise ConfigError.bad_value("records", self.records, "must be a whole number >= 1")
+        if not isinstance(self.records, int) or isinstance(self.records, bool) or not 1 <= self.records <= MAX_RECORDS:
+            raise ConfigError.bad_value("records", self.records, f"must be a whole number from 1 to {MAX_RECORDS}")
         if self.shard_bytes < 1:
             raise ConfigError.bad_value("build.shard_mb", self.shard_bytes, "must be > 0")
         if self.workers is not None and self.workers < 1:
@@ -137,7 +140,7 @@ def _fingerprint(source: RecordSource, opts: BuildOptions, per_shard: int) -> st
 
 
 def _is_ours(name: str) -> bool:
-    return name in (MANIFEST_NAME, BUILD_RECORD) or name.startswith("shard-") or is_tmp_name(Path(name))
+    return name in (MANIFEST_NAME, BUILD_RECORD, LOCK_NAME) or name.startswith("shard-") or is_tmp_name(Path(name))
 
 
 def _check_local(out: LocalOutput) -> None:
@@ -213,10 +216,25 @@ def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records")
     """Build (or finish, or confirm) the cache described by ``source`` and ``opts``."""
     opts.validate()
     t0 = time.perf_counter()
-    per_shard = records_per_shard(opts.records, opts.shard_bytes, source.estimated_record_bytes())
+    record_bytes = source.estimated_record_bytes()
+    if record_bytes > MAX_MEMBER_BYTES:
+        raise ConfigError(f"one record would take about {record_bytes} bytes, more than the {MAX_MEMBER_BYTES}-byte limit of a member: check the recipe's sizes (samples, nodes, segments)")
+    per_shard = records_per_shard(opts.records, opts.shard_bytes, record_bytes)
+    n_shards = -(-opts.records // per_shard)
+    if n_shards > MAX_SHARDS:
+        raise ConfigError(f"{opts.records} records at {per_shard} per shard make {n_shards} shards, more than {MAX_SHARDS}: raise build.shard_mb or build fewer records")
+    out = open_output(opts.out, opts.storage_options)
+    if not isinstance(out, LocalOutput):
+        return _build(source, opts, out, unit, t0, per_shard)
+    _check_local(out)
+    with build_lock(out.path):
+        return _build(source, opts, out, unit, t0, per_shard)
+
+
+def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0: float, per_shard: int) -> BuildSummary:
+    """The build itself, with the output's lock held (local outputs)."""
     plan = plan_shards(opts.records, per_shard)
     fingerprint = _fingerprint(source, opts, per_shard)
-    out = open_output(opts.out, opts.storage_options)
     if _prepare_out(out, fingerprint, opts.overwrite):
         m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
         raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)

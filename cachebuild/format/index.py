@@ -39,16 +39,26 @@ def index_bytes(index: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def load_index(path: str | Path, n_fields: int | None = None) -> np.ndarray:
-    """Read a shard index, checking its dtype and rank; errors name the file."""
-    try:
-        index = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # numpy raises several types for a malformed file
-        raise ShardCorruptError(f"index {path}: unreadable ({exc})") from exc
-    if index.dtype != INDEX_DTYPE or index.ndim != 2:
-        raise ShardCorruptError(f"index {path}: unexpected layout dtype={index.dtype} ndim={index.ndim}")
-    if n_fields is not None and index.shape[1] != n_fields:
-        raise ShardCorruptError(f"index {path}: has {index.shape[1]} fields, manifest lists {n_fields}")
-    return index
+def load_index(path: str | Path, n_fields: int | None = None, records: int | None = None) -> np.ndarray:
+    """Read a shard index, checking its header (dtype, rank, shape against ``records`` and
+    ``n_fields`` and the file's size) before reading any data; errors name the file."""
+    with open(path, "rb") as fh:  # FileNotFoundError passes through
+        try:
+            version = np.lib.format.read_magic(fh)
+            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = reader(fh, max_header_size=10000)
+        except (ValueError, TypeError, SyntaxError) as exc:  # numpy raises several types for a malformed header
+            raise ShardCorruptError(f"index {path}: unreadable ({exc})") from exc
+        if dtype != INDEX_DTYPE or len(shape) != 2 or fortran:
+            raise ShardCorruptError(f"index {path}: unexpected layout dtype={dtype} shape={list(shape)} fortran_order={fortran}")
+        if n_fields is not None and shape[1] != n_fields:
+            raise ShardCorruptError(f"index {path}: has {shape[1]} fields, manifest lists {n_fields}")
+        if records is not None and shape[0] != records:
+            raise ShardCorruptError(f"index {path}: {shape[0]} records, manifest says {records}")
+        start = fh.tell()
+        size = fh.seek(0, 2)
+        want = int(shape[0]) * int(shape[1]) * INDEX_DTYPE.itemsize
+        if size - start != want:
+            raise ShardCorruptError(f"index {path}: {size - start} bytes of entries, its header promises {want} (truncated or corrupt)")
+        fh.seek(start)
+        return np.fromfile(fh, dtype=INDEX_DTYPE, count=int(shape[0]) * int(shape[1])).reshape(shape)

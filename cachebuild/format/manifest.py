@@ -17,6 +17,7 @@ import numpy as np
 from cachebuild.errors import ManifestError
 from cachebuild.format.atomic import atomic_write_bytes
 from cachebuild.format.codec import Codec, parse_codec
+from cachebuild.format.limits import MAX_MANIFEST_BYTES, check_manifest, load_json_bounded
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "read_manifest", "write_manifest"]
 
@@ -123,24 +124,22 @@ class Manifest:
     def from_json(cls, data: bytes | str, root: str = "") -> "Manifest":
         """Parse manifest text; errors name the location and the bad key."""
         where = f"{root}/{MANIFEST_NAME}" if root else MANIFEST_NAME
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{where}: not valid JSON ({exc})") from exc
+        raw = data.encode() if isinstance(data, str) else data
+        doc = load_json_bounded(raw, where, ManifestError, MAX_MANIFEST_BYTES)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ManifestError(f"{where}: not a cachebuild manifest (format={doc.get('format') if isinstance(doc, dict) else None!r})")
         if doc.get("version") != FORMAT_VERSION:
             raise ManifestError(f"{where}: format version {doc.get('version')!r} is not supported (this cachebuild reads {FORMAT_VERSION})")
         try:
             fields = tuple(
-                FieldSchema(name, f["dtype"], int(f["ndim"]), tuple(f["max_shape"]), tuple(f["min_shape"]))
+                FieldSchema(name, f["dtype"], f["ndim"], tuple(f["max_shape"]), tuple(f["min_shape"]))
                 for name, f in doc["fields"].items()
             )
             shards = tuple(ShardEntry(**s) for s in doc["shards"])
-            return cls(
+            manifest = cls(
                 kind=doc["kind"],
                 config=doc["config"],
-                seed=int(doc["seed"]),
+                seed=doc["seed"],
                 codec=parse_codec(doc["codec"]),
                 fields=fields,
                 shards=shards,
@@ -149,15 +148,18 @@ class Manifest:
                 created_by=doc.get("created_by", ""),
                 root=root,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestError(f"{where}: malformed ({type(exc).__name__}: {exc})") from exc
+        check_manifest(manifest, doc.get("records"), where)
+        return manifest
 
 
 def read_manifest(root: str | Path) -> Manifest:
     """Read ``root/manifest.json``; a missing cache gives a message naming the path."""
     path = Path(root) / MANIFEST_NAME
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as exc:
         hint = " (the folder does not exist)" if not Path(root).exists() else " (incomplete build? rerun the same command to finish it)"
         raise ManifestError(f"no cache manifest at {path}{hint}") from exc

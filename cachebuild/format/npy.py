@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["npy_header"]
+__all__ = ["npy_header", "check_npy_header"]
 
 
 @lru_cache(maxsize=4096)
@@ -25,3 +25,27 @@ def _descr(dtype: np.dtype) -> str:
 def npy_header(arr: np.ndarray) -> bytes:
     """The exact ``.npy`` v1.0 header numpy writes for a C-contiguous ``arr``."""
     return _header(_descr(arr.dtype), arr.shape)
+
+
+def check_npy_header(header: bytes | memoryview, dtype: str, shape: tuple[int, ...], where: str) -> None:
+    """Check a member's ``.npy`` header against what the index and manifest say (dtype, shape, C order).
+
+    Parsed with numpy's own reader (``ast.literal_eval``, bounded size), so an
+    object (``|O``) or structured header is reported, never acted on.
+    """
+    from cachebuild.errors import ShardCorruptError
+
+    buf = io.BytesIO(bytes(header))
+    try:
+        version = np.lib.format.read_magic(buf)
+        if version == (1, 0):
+            got_shape, fortran, got_dtype = np.lib.format.read_array_header_1_0(buf, max_header_size=4096)
+        else:
+            got_shape, fortran, got_dtype = np.lib.format.read_array_header_2_0(buf, max_header_size=4096)
+    except (ValueError, TypeError, SyntaxError, OSError) as exc:
+        raise ShardCorruptError(f"{where}: unreadable .npy header ({exc})") from exc
+    if buf.tell() != len(header) or got_dtype != np.dtype(dtype) or got_dtype.hasobject or fortran or tuple(got_shape) != tuple(shape):
+        raise ShardCorruptError(
+            f"{where}: .npy header says dtype {got_dtype.str}, shape {tuple(got_shape)}, fortran_order {fortran}; "
+            f"the manifest and index say {np.dtype(dtype).str}, {tuple(shape)}, C order"
+        )

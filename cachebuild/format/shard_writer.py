@@ -45,6 +45,20 @@ def index_name(shard_name: str) -> str:
     return shard_name.removesuffix(".tar") + ".idx.npy"
 
 
+def _check_schema(fields: Sequence[tuple[str, str]]) -> None:
+    """Refuse at write time the field names and dtypes every reader would refuse (see :mod:`cachebuild.format.limits`)."""
+    from cachebuild.errors import ManifestError
+    from cachebuild.format.limits import FIELD_NAME_RE, check_dtype
+
+    for name, dtype in fields:
+        if not isinstance(name, str) or not FIELD_NAME_RE.fullmatch(name):
+            raise ValueError(f"field name {name!r} is not allowed (letters, digits, _ and -, at most 64)")
+        try:
+            check_dtype(dtype, f"field '{name}' dtype", "schema")
+        except ManifestError as exc:
+            raise ValueError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class WrittenShard:
     """What a finished shard is, as the manifest records it."""
@@ -76,6 +90,7 @@ class ShardWriter:
         self.folder = Path(folder)
         self.name = name
         self.fields = list(fields)
+        _check_schema(self.fields)
         self.codec = codec
         self.first_record = first_record
         self._specs = [(f, d, member_name("", f, d, codec)) for f, d in self.fields]

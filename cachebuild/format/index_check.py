@@ -1,0 +1,217 @@
+"""Check a shard's sidecar index against the manifest and the tar's size, whole index at once.
+
+Readers call :func:`check_index` once when they open a shard, so every later
+read can trust the index: each payload lies inside the tar after its 512-byte
+header and after the previous member, its declared shape has the field's rank
+and fits the manifest's min/max shape, and its array data length is exactly
+shape x itemsize (JSON: at most :data:`~cachebuild.format.limits.MAX_JSON_BYTES`).
+All checks are numpy expressions over the ``[records, fields]`` index (no
+per-record Python); a fault raises :class:`ShardCorruptError` naming the shard,
+the record, the field and what is wrong.
+
+:func:`check_member_keys` reads the tar headers of chosen records and compares
+their member names with the record ids the manifest implies, so a shard listed
+under another shard's place (swapped names) is caught.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from cachebuild.errors import ShardCorruptError
+from cachebuild.format.index import MAX_NDIM
+from cachebuild.format.limits import MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
+
+__all__ = ["check_index", "check_member_keys", "check_frames", "check_shard", "expected_member_names", "frame_content_sizes", "frame_headers", "parse_frame_headers"]
+
+_HEADER = MEMBER_MIN_BYTES
+_NAME_BYTES = 100
+
+
+def _field_limits(fields: Sequence[Any]) -> tuple[np.ndarray, ...]:
+    """Per field: ndim, itemsize (0 for JSON), min and max shape padded with 1 to MAX_NDIM."""
+    nf = len(fields)
+    ndim, item = np.zeros(nf, np.int64), np.zeros(nf, np.int64)
+    lo, hi = np.ones((nf, MAX_NDIM), np.int64), np.ones((nf, MAX_NDIM), np.int64)
+    for j, f in enumerate(fields):
+        ndim[j] = f.ndim
+        item[j] = 0 if f.dtype == "json" else np.dtype(f.dtype).itemsize
+        lo[j, : f.ndim], hi[j, : f.ndim] = f.min_shape, f.max_shape
+    return ndim, item, lo, hi
+
+
+def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int | None) -> list[tuple[str, np.ndarray]]:
+    """(what is wrong, bad mask ``[records, fields]``) for every check, in the order they are reported."""
+    ndim, item, lo, hi = _field_limits(fields)
+    off, size, nbytes = index["offset"], index["size"], index["nbytes"]
+    shape = index["shape"].astype(np.int64)
+    is_json = (item == 0)[None, :]
+    used = np.arange(MAX_NDIM)[None, :] < ndim[:, None]
+    out_of_range = np.where(used[None], (shape < lo[None]) | (shape > hi[None]), shape != 1).any(axis=2)
+    data = np.where(used[None], shape, 1).prod(axis=2) * item[None, :]
+    checks = [
+        ("rank differs from the manifest's", index["ndim"] != ndim[None, :]),
+        ("shape outside the manifest's min/max shape", out_of_range),
+        ("array data length is not shape x itemsize", ~is_json & (nbytes != data)),
+        (f"JSON length outside [0, {MAX_JSON_BYTES}]", is_json & ((nbytes < 0) | (nbytes > MAX_JSON_BYTES))),
+        ("negative payload size", size < 0),
+        (f"payload offset before its {_HEADER}-byte tar header", off < _HEADER),
+    ]
+    if raw:
+        checks.append((f"raw payload size is not array data + a header of at most {MAX_NPY_HEADER} bytes", (size < nbytes) | (size > nbytes + MAX_NPY_HEADER)))
+    if tar_size is not None:
+        checks.append((f"payload lies past the end of the tar ({tar_size} bytes)", (off > tar_size) | (size > tar_size - np.minimum(off, tar_size))))
+    flat_off, flat_size = off.reshape(-1), size.reshape(-1)
+    overlap = np.zeros(flat_off.shape, bool)
+    if flat_off.size > 1:
+        overlap[1:] = flat_off[1:] < flat_off[:-1] + np.clip(flat_size[:-1], 0, None) + _HEADER
+    checks.append(("payload overlaps the member before it (members out of order)", overlap.reshape(off.shape)))
+    return checks
+
+
+def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: int, shard: str, first_record: int, tar_size: int | None = None) -> None:
+    """Raise :class:`ShardCorruptError` unless ``index`` agrees with the manifest (``fields``, ``records``) and the tar's size."""
+    from cachebuild.format.shard_writer import record_key
+
+    if index.shape != (records, len(fields)):
+        raise ShardCorruptError(f"shard {shard}: index has shape {list(index.shape)}, the manifest implies [{records}, {len(fields)}] (records, fields)")
+    if not index.size:
+        return
+    for why, bad in _problems(index, fields, codec == "none", tar_size):
+        if bad.any():
+            r, j = (int(v[0]) for v in np.nonzero(bad))
+            e = index[r, j]
+            raise ShardCorruptError(
+                f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': corrupt index entry: {why} "
+                f"(offset {int(e['offset'])}, size {int(e['size'])}, nbytes {int(e['nbytes'])}, ndim {int(e['ndim'])}, "
+                f"shape {[int(v) for v in e['shape']]})"
+            )
+
+
+def expected_member_names(fields: Sequence[Any], codec: str, record_id: int) -> list[bytes]:
+    """The tar member names the writer gives record ``record_id``'s fields, in field order."""
+    from cachebuild.format.codec import parse_codec
+    from cachebuild.format.shard_writer import member_name, record_key
+
+    c = parse_codec(codec)
+    return [member_name(record_key(record_id), f.name, f.dtype, c).encode() for f in fields]
+
+
+def _expected_names(fields: Sequence[Any], codec: str, first_record: int, rows: np.ndarray) -> np.ndarray:
+    """``[len(rows), fields]`` fixed-width (``S100``) member names the writer gives those records."""
+    ids = np.char.zfill((first_record + rows).astype("U20"), 10)
+    suffixes = [n.decode()[len("0" * 10) :] for n in expected_member_names(fields, codec, 0)]
+    cols = [np.char.add(ids, sfx) for sfx in suffixes]
+    return np.stack(cols, axis=1).astype(f"S{_NAME_BYTES}") if cols else np.zeros((len(rows), 0), f"S{_NAME_BYTES}")
+
+
+def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec: str, shard: str, first_record: int, rows: Sequence[int]) -> None:
+    """Compare the tar header names and sizes of records ``rows`` with those their record ids imply (vectorised).
+
+    ``buf`` is the tar's bytes (an mmap or memoryview); the index was checked
+    (:func:`check_index`), so every header lies inside it.
+    """
+    from cachebuild.format.shard_writer import record_key
+
+    rows = np.asarray(rows, dtype=np.int64)
+    if not rows.size or not len(fields):
+        return
+    tar = np.frombuffer(buf, np.uint8)
+    entries = index[rows]
+    starts = entries["offset"].reshape(-1) - _HEADER
+    heads = tar[starts[:, None] + np.arange(136)]  # name [0:100], size field [124:136]
+    got = np.ascontiguousarray(heads[:, :_NAME_BYTES]).view(f"S{_NAME_BYTES}").reshape(len(rows), len(fields))
+    digits = heads[:, 124:135].astype(np.int64) - ord("0")
+    octal_ok = ((digits >= 0) & (digits <= 7)).all(axis=1)
+    got_size = np.where(octal_ok, (np.clip(digits, 0, 7) * (8 ** np.arange(10, -1, -1))).sum(axis=1), -1).reshape(len(rows), len(fields))
+    want = _expected_names(fields, codec, first_record, rows)
+    bad = (got != want) | (got_size != entries["size"])
+    del tar
+    if bad.any():
+        i, j = (int(v[0]) for v in np.nonzero(bad))
+        raise ShardCorruptError(
+            f"shard {shard}, record {record_key(first_record + int(rows[i]))}, field '{fields[j].name}': tar member is "
+            f"{got[i, j].decode('ascii', 'replace')!r} ({int(got_size[i, j])} bytes), expected {want[i, j].decode()!r} "
+            f"({int(entries[i, j]['size'])} bytes): shard misplaced or swapped in the manifest, or corrupt"
+        )
+
+
+def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str, first_record: int) -> None:
+    """zstd: every member's frame declares a decoded size its index entry allows (read from the frame
+    headers only, nothing is decompressed), so a decompression bomb is refused before any reader allocates."""
+    from cachebuild.format.shard_writer import record_key
+
+    is_json = np.array([f.dtype == "json" for f in fields])
+    flat = index.reshape(-1)
+    declared = frame_content_sizes(np.frombuffer(view, np.uint8), flat["offset"], flat["size"])
+    nbytes = flat["nbytes"]
+    extra = np.where(np.tile(is_json, len(index)), 0, MAX_NPY_HEADER)
+    bad = np.flatnonzero((declared < nbytes) | (declared > nbytes + extra))
+    if bad.size:
+        r, j = divmod(int(bad[0]), len(fields))
+        d = int(declared[bad[0]])
+        what = "has a bad frame header" if d == -2 else "does not declare its size" if d < 0 else f"declares {d} bytes"
+        raise ShardCorruptError(
+            f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': zstd frame {what}, "
+            f"the index allows {int(nbytes[bad[0]])}..{int(nbytes[bad[0]] + extra[bad[0]])} (corrupt or a decompression bomb)"
+        )
+
+
+def check_shard(manifest: Any, root: Any, s: int) -> None:
+    """Structure of shard ``s`` without decoding its arrays: index vs manifest and tar, every member's
+    key and size, zstd frame sizes, and every JSON member parsed within the limits (``stage`` runs it
+    before copying; ``verify`` runs it and then decodes everything)."""
+    from cachebuild.format.shard_reader import ShardReader
+
+    e = manifest.shards[s]
+    with ShardReader.open(manifest, root, s) as reader:
+        check_member_keys(reader._view, reader.index, manifest.fields, manifest.codec.name, e.name, e.first_record, range(e.records))
+        if manifest.codec.name == "zstd":
+            check_frames(reader._view, reader.index, manifest.fields, e.name, e.first_record)
+        for f in manifest.fields:
+            if f.dtype == "json":
+                for r in range(e.records):
+                    reader.read(r, f.name)
+
+
+_ZSTD_MAGIC = np.array([0x28, 0xB5, 0x2F, 0xFD], np.uint8)
+_DICT_BYTES = np.array([0, 1, 2, 4], np.int64)
+_FCS_BYTES = np.array([0, 2, 4, 8], np.int64)
+_SHIFTS = (np.arange(8, dtype=np.uint64) * np.uint64(8))[None, :]
+
+
+def frame_headers(tar: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """The first 18 bytes of each frame at ``offset`` in ``tar`` (uint8 ``[frames, 18]``, clipped at the end)."""
+    if not len(tar):
+        return np.zeros((len(offset), 18), np.uint8)
+    return tar[np.minimum(offset[:, None] + np.arange(18), len(tar) - 1)]
+
+
+def parse_frame_headers(hdr: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Decoded size each zstd frame header declares (int64; -1: not declared, -2: not a zstd frame).
+
+    ``hdr`` holds each frame's first 18 bytes (:func:`frame_headers`), ``size``
+    its stored length. Parses the headers (RFC 8878, 3.1.1.1) with numpy over
+    all frames at once, so a bomb is refused before anything is decoded.
+    """
+    n = len(hdr)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    fhd = hdr[:, 4].astype(np.int64)
+    fcs_flag, single = fhd >> 6, (fhd >> 5) & 1
+    pos = 5 + (1 - single) + _DICT_BYTES[fhd & 3]
+    nfcs = np.where((fcs_flag == 0) & (single == 1), 1, _FCS_BYTES[fcs_flag])
+    raw = hdr[np.arange(n)[:, None], np.minimum(pos[:, None] + np.arange(8), 17)].astype(np.uint64)
+    keep = np.arange(8)[None, :] < nfcs[:, None]
+    value = (np.where(keep, raw, np.uint64(0)) << _SHIFTS).sum(axis=1, dtype=np.uint64)
+    value = value + np.where(fcs_flag == 1, np.uint64(256), np.uint64(0))
+    out = np.where(nfcs == 0, -1, np.minimum(value, np.uint64(1 << 62)).astype(np.int64))
+    ok = (hdr[:, :4] == _ZSTD_MAGIC).all(axis=1) & ((fhd & 0x08) == 0) & (pos + nfcs + 3 <= size)
+    return np.where(ok, out, -2)
+
+
+def frame_content_sizes(tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """:func:`parse_frame_headers` of the frames ``tar[offset : offset + size]`` of one shard."""
+    return parse_frame_headers(frame_headers(tar, offset), size)
