@@ -28,11 +28,15 @@ LOCK_NAME = ".cachebuild-build.lock"
 
 
 def _holder(fd: int) -> str:
-    try:
-        doc = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        return f"pid {doc['pid']} on {doc['host']}, started {doc['started']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process"
+    """Who holds the lock; the holder writes its record just after locking, so a
+    refusal that lands in between waits up to ~0.5 s for it."""
+    for _ in range(50):
+        try:
+            doc = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            return f"pid {doc['pid']} on {doc['host']}, started {doc['started']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            time.sleep(0.01)
+    return "another process"
 
 
 def _acquire(folder: Path) -> int:
