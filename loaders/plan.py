@@ -215,6 +215,22 @@ def _segments(lo: int, size: int, total: int, bounds: np.ndarray) -> tuple[np.nd
     return np.concatenate(units), np.concatenate(counts), np.concatenate(items)
 
 
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``; by marking instead of sorting when the values
+    span a short range (a mixed batch's records lie in one or two pools)."""
+    if not len(values):
+        return values, values
+    lo = int(values.min())
+    span = int(values.max()) - lo + 1
+    if span > 4 * len(values):
+        upos, slot = np.unique(values, return_inverse=True)
+        return upos, slot.reshape(-1)
+    mark = np.zeros(span, bool)
+    mark[values - lo] = True
+    index = np.cumsum(mark) - 1
+    return np.flatnonzero(mark) + lo, index[values - lo]
+
+
 def _first_rows(slot: np.ndarray, groups: int, rows: int) -> np.ndarray:
     first = np.full(groups, rows, np.int64)
     np.minimum.at(first, slot, np.arange(rows, dtype=np.int64))
@@ -363,10 +379,10 @@ class EpochPlan:
         for qq in np.unique(q).tolist():
             m = q == qq
             rec[m], items[m] = self.table(qq).locate(pos[m] - self.pool_items[qq])
-        perm = in_batch_permutation(self.seed, self.epoch, b, B)  # chunks' rows spread over the batch
-        rec, items, is_pad = rec[perm], items[perm], is_pad[perm]
-        upos, slot = np.unique(rec, return_inverse=True)
-        slot = slot.reshape(-1)
+        if self.chunk > 1:  # a chunk's rows spread over the batch (single items are in random order already)
+            perm = in_batch_permutation(self.seed, self.epoch, b, B)
+            rec, items, is_pad = rec[perm], items[perm], is_pad[perm]
+        upos, slot = _distinct(rec)
         unique = self.order[upos]
         pool = np.searchsorted(self.pools, upos, side="right") - 1
         return BatchItems(b, unique[slot], items, is_pad, unique, slot, _first_rows(slot, len(unique), B),

@@ -74,6 +74,8 @@ class PoolTable:
 
     def locate(self, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(record position, item index)`` of pool-local item positions."""
+        if len(self.cum) - 1 == self.cum[-1]:  # chunks of one item: position = chunk
+            return self.rec[local], self.start[local]
         c = np.searchsorted(self.cum, local, side="right") - 1
         return self.rec[c], self.start[c] + (local - self.cum[c])
 

@@ -125,9 +125,10 @@ class MelView(_MelBase):
         self.mix, self.chunk = check_mixing(self.name, mix, chunk)
         self.g_max: int | None = None
         L, S, M, T = self.max_shape
-        dense = {"mel": Dense((L, S, M, T), self.dtype), "label": Dense((), "int64"), "n_short": Dense((), "int64")}
+        pad = self.varying  # every file of the cache the same shape: each decode overwrites its whole row
+        dense = {"mel": Dense((L, S, M, T), self.dtype, pad), "label": Dense((), "int64", False), "n_short": Dense((), "int64", False)}
         if self.waveform:
-            dense["waveform"] = Dense((L, S, self.wave_len), "float32")
+            dense["waveform"] = Dense((L, S, self.wave_len), "float32", pad or bool(manifest.schema("waveform").varying_axes))
         self.store = RecordStore(dense, self._decode_into)
 
     def options(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class Dense:
 
     shape: tuple[int, ...]
     dtype: str
+    zero: bool = True  # re-zeroed when a region is reused (records smaller than the padded shape)
 
 
 DecodeInto = Callable[[ShardSet, np.ndarray, dict[str, np.ndarray], np.ndarray], None]
@@ -104,8 +105,9 @@ class RecordStore:
             r = free.pop(0)
             lo, hi = r * self.size, (r + 1) * self.size
             if self.held[r] != -1 or self.done[lo:hi].any():
-                for arr in self.arrays.values():
-                    arr[lo:hi] = 0
+                for name, arr in self.arrays.items():
+                    if self.fields[name].zero:
+                        arr[lo:hi] = 0
             self.done[lo:hi] = False
             self.held[r] = q
             region_of[q] = r

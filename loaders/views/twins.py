@@ -90,14 +90,16 @@ def max_graphs_per_batch(items_per_graph: np.ndarray, batch_size: int, chunk: in
 
 def max_worlds_per_batch(items_per_graph: np.ndarray, batch_size: int, rows: int, chunk: int = 1) -> int:
     """The most distinct (graph, k) worlds of ``rows`` rows each that one batch can touch, record after
-    record (``ceil((B-1)/rows) + 1``) or as chunks of at most ``chunk`` rows (each within ``1 + ceil((chunk-1)/rows)`` worlds)."""
+    record (``ceil((B-1)/rows) + 1``) or as chunks of at most ``chunk`` rows starting at multiples of
+    ``chunk`` (each within one world when ``chunk`` divides ``rows``, else ``1 + ceil((chunk-1)/rows)``)."""
     items = np.asarray(items_per_graph, dtype=np.int64)
     worlds = int(items.sum()) // max(rows, 1)
     if worlds == 0:
         return 1
     _, shortest = chunk_lengths(items, chunk)
     runs = -(-(batch_size - 1) // int(shortest)) + 1
-    mixed = runs * (1 + -(-(chunk - 1) // rows))
+    per_run = 1 if rows % chunk == 0 else 1 + -(-(chunk - 1) // rows)  # chunks start at multiples of chunk
+    mixed = runs * per_run
     plain = -(-(batch_size - 1) // rows) + 1
     return int(min(worlds, batch_size, max(mixed, plain)))
 
@@ -127,7 +129,7 @@ class TwinsView(View):
         self._decode = need
         S, K, N = self.s, self.k_max, self.n_max
         dense = {"base": Dense((S, N), "float32"), "int": Dense((K, S, N), "float32"), "adj": Dense((N, N), "float32"),
-                 "targets": Dense((K,), "int64"), "values": Dense((K,), "float32"), "n": Dense((), "int64")}
+                 "targets": Dense((K,), "int64", False), "values": Dense((K,), "float32", False), "n": Dense((), "int64", False)}
         if delta == "stored":
             dense["delta"] = Dense((K, S, N), "float32")
         self.store = RecordStore(dense, self._decode_into)
