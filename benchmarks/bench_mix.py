@@ -12,6 +12,9 @@ drift hits both alike; plus the users' pipelines once, for the >= 20x check.
     python benchmarks/bench_mix.py --old /tmp/cachebuild-94ce19b --rounds 3
 
 ``--old`` is a checkout of the code before the change (``git archive 94ce19b | tar -x -C DIR``).
+Each child exits with ``os._exit`` right after printing its result: on both
+trees, closing a loader pass whose workers ``shutdown_workers`` already
+stopped can wait forever on the hand-over thread (seen at interpreter exit).
 Appends a table to benchmarks/RESULTS.md.
 """
 
@@ -32,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 NEW = HERE.parent
 
 _CHILD = r"""
-import json, sys
+import json, os, sys
 from pathlib import Path
 kind, cache, workers, batch, limit = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 if kind == "mel":
@@ -47,7 +50,8 @@ elif kind == "twins_user":
 else:
     import bench_load
     d = bench_load.ours(cache, "twins", batch, workers, limit, compact=(kind == "twins_compact"))
-print("RESULT " + json.dumps(d))
+print("RESULT " + json.dumps(d), flush=True)
+os._exit(0)  # skip interpreter shutdown: collecting the measured pass's generator after its workers were stopped can hang (see the module docstring)
 """
 
 

@@ -134,7 +134,8 @@ class ShardStream(IterableDataset):
         verify: ``"size"`` or ``"crc"`` (see :data:`loaders.blockread.VERIFY_MODES`).
         decode_threads: zstd threads when iterating in the main process
             (default: up to 4); DataLoader workers always use 1.
-        **view_options: passed to the view (e.g. ``compact=True`` for twins).
+        **view_options: passed to the view (e.g. ``compact=True`` for twins; ``mix=`` records
+            per mixing pool and ``chunk=`` for ``mel`` and ``twins``, see :mod:`loaders.pools`).
 
     Iterate it directly (batches are dicts of tensors) or through
     :func:`loaders.make_loader`. ``set_epoch``, ``state_dict`` and
