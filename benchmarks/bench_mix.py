@@ -12,9 +12,12 @@ drift hits both alike; plus the users' pipelines once, for the >= 20x check.
     python benchmarks/bench_mix.py --old /tmp/cachebuild-94ce19b --rounds 3
 
 ``--old`` is a checkout of the code before the change (``git archive 94ce19b | tar -x -C DIR``).
-Each child exits with ``os._exit`` right after printing its result: on both
-trees, closing a loader pass whose workers ``shutdown_workers`` already
-stopped can wait forever on the hand-over thread (seen at interpreter exit).
+Each child exits with ``os._exit`` right after printing its result, and a
+child with no result after ``seconds + 45`` s is killed and run again: on
+both trees a ``mel`` loader with 2 workers whose short epochs are restarted
+in a loop (``bench_mel.measure``) sometimes waits forever on its hand-over
+thread (``loaders/handover.py``, ``loaders/loader.py``; the table counts
+these).
 Appends a table to benchmarks/RESULTS.md.
 """
 
@@ -55,14 +58,25 @@ os._exit(0)  # skip interpreter shutdown: collecting the measured pass's generat
 """
 
 
-def measure(tree: Path, kind: str, cache: Path, workers: int, batch: int, limit: float) -> dict:
+HANGS: dict[str, int] = {}
+"""Measurements cut by the watchdog and run again, per tree (see the module docstring)."""
+
+
+def measure(tree: Path, kind: str, cache: Path, workers: int, batch: int, limit: float, tries: int = 4) -> dict:
     env = dict(os.environ, PYTHONPATH=f"{tree}:{tree / 'benchmarks'}")
-    out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(cache), str(workers), str(batch), str(limit)],
-                         env=env, cwd=tree, capture_output=True, text=True, check=False)
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    if not line:
-        raise RuntimeError(f"{kind} in {tree} failed:\n{out.stderr[-3000:]}")
-    return json.loads(line[-1][7:])
+    for _ in range(tries):
+        try:
+            out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(cache), str(workers), str(batch), str(limit)],
+                                 env=env, cwd=tree, capture_output=True, text=True, check=False, timeout=limit + 45)
+        except subprocess.TimeoutExpired:
+            HANGS[str(tree)] = HANGS.get(str(tree), 0) + 1
+            print(f"  {kind} w{workers} in {tree}: no result after {limit + 45:.0f} s, run again", flush=True)
+            continue
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+        if not line:
+            raise RuntimeError(f"{kind} in {tree} failed:\n{out.stderr[-3000:]}")
+        return json.loads(line[-1][7:])
+    raise RuntimeError(f"{kind} w{workers} in {tree}: no result in {tries} tries")
 
 
 def _rate(d: dict) -> float:
@@ -124,6 +138,7 @@ def main() -> None:
             append("bench_mix: mixed batches (issue 9), old plan vs new, interleaved", rows, [
                 f"old = {args.old} (commit 94ce19b, clustered plan), new = this tree (pools of 1,024 records, mel chunk 1, twins chunk 8)",
                 f"{args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, each in a fresh process; medians",
+                f"measurements that hung and were run again: old {HANGS.get(str(args.old), 0)}, new {HANGS.get(str(NEW), 0)}",
                 f"data: {args.mel_files} mel files (bench_mel's users' HDF5 layout) built raw and zstd, {args.graphs} causal graphs (default recipe, zstd); work folder {work}",
                 f"total {time.time() - t0:.0f} s; load average at start {tuple(round(x, 2) for x in load0)}, at end {tuple(round(x, 2) for x in os.getloadavg())} (2 cores shared with other processes)",
             ])
