@@ -54,6 +54,12 @@ class View:
         """Learn what the cache holds (from index shapes); return items per record (``None``: one each)."""
         return None
 
+    def reset(self) -> None:
+        """Forget records kept decoded between batches (a view with a :class:`~loaders.views.store.RecordStore`)."""
+        store = getattr(self, "store", None)
+        if store is not None:
+            store.clear()
+
     def layout(self) -> Layout:
         """The fixed batch layout (call after :meth:`bind`)."""
         raise NotImplementedError

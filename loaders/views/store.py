@@ -49,9 +49,10 @@ class RecordStore:
         self.fields = dict(fields)
         self.decode = decode
         self.decodes = 0  # records decoded so far by this process (for tests and benchmarks)
-        self._drop()
+        self.clear()
 
-    def _drop(self) -> None:
+    def clear(self) -> None:
+        """Forget every decoded record (and free their memory)."""
         self.arrays: dict[str, np.ndarray] | None = None
         self.size = self.span = 0
         self.held = np.zeros(0, np.int64)  # pool id per region, -1 when free
