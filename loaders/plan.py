@@ -387,4 +387,4 @@ class EpochPlan:
         pool = np.searchsorted(self.pools, upos, side="right") - 1
         return BatchItems(b, unique[slot], items, is_pad, unique, slot, _first_rows(slot, len(unique), B),
                           pool, upos - self.pools[pool], self.pool_size, self.pool_span,
-                          (self.seed, self.epoch, len(self.order), self.chunk))
+                          (self.seed, self.epoch, len(self.order), len(self.pools), self.chunk))
