@@ -524,6 +524,7 @@ def _view_fields(stream: Any) -> list[str]:
     module.read_block = rec
     try:
         _, arrays = stream.layout.allocate(False)
+        view.reset()  # records already decoded by an earlier batch would not be read again
         view.assemble(shards, stream.plan(0).batch(0), arrays)
     finally:
         module.read_block = real

@@ -25,13 +25,21 @@ rank gets the same number of steps: missing batches at the end are whole
 padding batches (``is_pad`` all true), or the remainder is dropped with
 ``drop_last``. ``start`` is the number of global batches already consumed, so
 a resume continues the same global sequence under any ``W`` or ``nw``.
+
+Mixing (views with many items per record, ``mix`` set): the item stream is not
+record after record but pool after pool, each pool's chunks of items permuted
+(:mod:`loaders.pools`), so a batch draws from a whole pool of records. Batches
+are still consecutive ranges of that stream, so everything above holds
+unchanged: a pure function of integers, every item once, O(1) resume.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from loaders.pools import PoolTable, max_pools_per_batch, pool_bounds, pool_table
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -54,6 +62,8 @@ items share a shard with probability about 1/window)."""
 # Distinct streams of random numbers, so changing one use never shifts another.
 _TAG_ORDER = 0x6F72646572
 _TAG_BATCH = 0x6261746368
+_TAG_POOL = 0x706F6F6C
+_TABLES_KEPT = 4
 
 
 def _rng(*words: int) -> np.random.Generator:
@@ -163,6 +173,11 @@ class BatchItems:
     ``is_pad[i]``: the row repeats an item to fill the epoch's last batches;
     ``unique``: the distinct record ids (ascending), ``records == unique[slot]``;
     ``first[g]``: the first row holding ``unique[g]``.
+
+    In a mixed plan (``pool`` set) ``unique`` is ordered by epoch position, and
+    ``pool[g]`` / ``pool_index[g]`` say which pool holds ``unique[g]`` and where
+    in it; ``pool_size`` is the most records of a pool and ``pool_span`` the most
+    pools one batch touches (what a view's decoded-record store must hold).
     """
 
     index: int
@@ -172,6 +187,11 @@ class BatchItems:
     unique: np.ndarray
     slot: np.ndarray
     first: np.ndarray
+    pool: np.ndarray | None = None
+    pool_index: np.ndarray | None = None
+    pool_size: int = 0
+    pool_span: int = 0
+    plan_key: tuple = ()
 
 
 def _segments(lo: int, size: int, total: int, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -195,9 +215,36 @@ def _segments(lo: int, size: int, total: int, bounds: np.ndarray) -> tuple[np.nd
     return np.concatenate(units), np.concatenate(counts), np.concatenate(items)
 
 
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``; by marking instead of sorting when the values
+    span a short range (a mixed batch's records lie in one or two pools)."""
+    if not len(values):
+        return values, values
+    lo = int(values.min())
+    span = int(values.max()) - lo + 1
+    if span > 4 * len(values):
+        upos, slot = np.unique(values, return_inverse=True)
+        return upos, slot.reshape(-1)
+    mark = np.zeros(span, bool)
+    mark[values - lo] = True
+    index = np.cumsum(mark) - 1
+    return np.flatnonzero(mark) + lo, index[values - lo]
+
+
+def _first_rows(slot: np.ndarray, groups: int, rows: int) -> np.ndarray:
+    first = np.full(groups, rows, np.int64)
+    np.minimum.at(first, slot, np.arange(rows, dtype=np.int64))
+    return first
+
+
 @dataclass(frozen=True)
 class EpochPlan:
-    """The plan of one epoch: record order, item bounds, batch size; cheap to query per batch."""
+    """The plan of one epoch: record order, item bounds, batch size, mixing pools; cheap to query per batch.
+
+    ``pools`` (mixed plans only) are the epoch positions cutting the record
+    order into pools and ``pool_items`` the stream positions where each pool
+    starts; ``None`` when items are laid out record after record.
+    """
 
     order: np.ndarray
     bounds: np.ndarray | None
@@ -207,6 +254,10 @@ class EpochPlan:
     shuffle: bool
     seed: int
     epoch: int
+    chunk: int = 1
+    pools: np.ndarray | None = None
+    pool_items: np.ndarray | None = None
+    _tables: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -219,22 +270,45 @@ class EpochPlan:
         shuffle: bool = True,
         window: int | None = DEFAULT_WINDOW,
         drop_last: bool = False,
+        mix: int | None = None,
+        chunk: int = 1,
     ) -> "EpochPlan":
-        """Plan an epoch; ``items_per_record`` is indexed by record id (``None``: one item each)."""
+        """Plan an epoch; ``items_per_record`` is indexed by record id (``None``: one item each).
+
+        ``mix`` (records per pool) mixes the items of that many records across
+        batches when shuffling a many-item view (see :mod:`loaders.pools`);
+        ``chunk`` items of a record stay together. ``None``: record after record.
+        """
         order = epoch_order(counts, seed, epoch, shuffle, window)
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1 items, got {chunk}")
+        pools = pool_items = None
         if items_per_record is None:
             bounds, total = None, len(order)
         else:
             per = np.asarray(items_per_record, dtype=np.int64)[order]
             bounds = np.concatenate([[0], np.cumsum(per)])
             total = int(bounds[-1])
+            if mix is not None and shuffle:
+                pools = pool_bounds(len(order), mix)
+                pool_items = bounds[pools]
         num_batches(total, batch_size, drop_last)  # validates batch_size
-        return cls(order, bounds, total, batch_size, drop_last, shuffle, seed, epoch)
+        return cls(order, bounds, total, batch_size, drop_last, shuffle, seed, epoch, chunk, pools, pool_items)
 
     @property
     def batches(self) -> int:
         """Global batches in the epoch."""
         return num_batches(self.total, self.batch_size, self.drop_last)
+
+    @property
+    def pool_size(self) -> int:
+        """The most records of one pool (0: not mixed)."""
+        return int(np.diff(self.pools).max()) if self.pools is not None else 0
+
+    @property
+    def pool_span(self) -> int:
+        """The most pools one batch touches (0: not mixed)."""
+        return max_pools_per_batch(np.diff(self.pool_items), self.batch_size) if self.pool_items is not None else 0
 
     def steps(self, world_size: int, start: int = 0) -> int:
         """Batches each rank yields from global batch ``start`` on."""
@@ -244,11 +318,39 @@ class EpochPlan:
         """Global batch ids of one rank from ``start`` on (see :func:`rank_batches`)."""
         return rank_batches(self.batches, world_size, rank, start, self.drop_last)
 
+    def table(self, q: int) -> PoolTable:
+        """The permuted chunks of pool ``q`` (computed once, the last few kept)."""
+        t = self._tables.get(q)
+        if t is None:
+            a, z = int(self.pools[q]), int(self.pools[q + 1])
+            per = np.diff(self.bounds[a : z + 1])
+            t = pool_table(per, a, self.chunk, _rng(self.seed, self.epoch, _TAG_POOL, q))
+            if len(self._tables) >= _TABLES_KEPT:
+                self._tables.pop(next(iter(self._tables)))
+            self._tables[q] = t
+        return t
+
+    def record_spans(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per global batch: the first and last epoch position of the records it may touch (cyclic: first > last wraps)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        B, total = self.batch_size, self.total
+        a, z = (ids * B) % total, (ids * B + B - 1) % total
+        if self.pools is not None:
+            qa = np.searchsorted(self.pool_items, a, side="right") - 1
+            qz = np.searchsorted(self.pool_items, z, side="right") - 1
+            return self.pools[qa], self.pools[qz + 1] - 1
+        if self.bounds is not None:  # item position -> record position
+            a = np.searchsorted(self.bounds, a, side="right") - 1
+            z = np.searchsorted(self.bounds, z, side="right") - 1
+        return a, z
+
     def batch(self, b: int) -> BatchItems:
-        """Rows of global batch ``b``: positions wrapped and flagged, located, mixed within the batch."""
+        """Rows of global batch ``b``: positions wrapped and flagged, located, mixed."""
         B, total = self.batch_size, self.total
         if total < 1:
             raise ValueError("an epoch with no items has no batches")
+        if self.pools is not None:
+            return self._mixed_batch(b)
         lo = b * B
         is_pad = lo + np.arange(B, dtype=np.int64) >= total
         if self.bounds is None:
@@ -264,6 +366,25 @@ class EpochPlan:
         if self.shuffle:
             perm = in_batch_permutation(self.seed, self.epoch, b, B)
             records, items, is_pad, slot = records[perm], items[perm], is_pad[perm], slot[perm]
-        first = np.full(len(unique), B, np.int64)
-        np.minimum.at(first, slot, np.arange(B, dtype=np.int64))
-        return BatchItems(b, records, items, is_pad, unique, slot, first)
+        return BatchItems(b, records, items, is_pad, unique, slot, _first_rows(slot, len(unique), B))
+
+    def _mixed_batch(self, b: int) -> BatchItems:
+        """A batch of a mixed plan: its stream positions located through their pools' permuted chunks."""
+        B, total = self.batch_size, self.total
+        raw = b * B + np.arange(B, dtype=np.int64)
+        is_pad = raw >= total
+        pos = raw % total
+        q = np.searchsorted(self.pool_items, pos, side="right") - 1
+        rec, items = np.empty(B, np.int64), np.empty(B, np.int64)
+        for qq in np.unique(q).tolist():
+            m = q == qq
+            rec[m], items[m] = self.table(qq).locate(pos[m] - self.pool_items[qq])
+        if self.chunk > 1:  # a chunk's rows spread over the batch (single items are in random order already)
+            perm = in_batch_permutation(self.seed, self.epoch, b, B)
+            rec, items, is_pad = rec[perm], items[perm], is_pad[perm]
+        upos, slot = _distinct(rec)
+        unique = self.order[upos]
+        pool = np.searchsorted(self.pools, upos, side="right") - 1
+        return BatchItems(b, unique[slot], items, is_pad, unique, slot, _first_rows(slot, len(unique), B),
+                          pool, upos - self.pools[pool], self.pool_size, self.pool_span,
+                          (self.seed, self.epoch, len(self.order), len(self.pools), self.chunk))

@@ -55,8 +55,8 @@ _PLAN_CHUNK = 64
 def batch_shards(plan: EpochPlan, ids: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
     """The shards (ascending) holding the records of each global batch in ``ids``, from the plan alone.
 
-    A batch holds the items at stream positions ``[b*B, (b+1)*B)`` (cyclic), i.e.
-    a contiguous (cyclic) range of records in epoch order: two searches per batch.
+    A batch holds records of a contiguous (cyclic) range of epoch positions
+    (:meth:`EpochPlan.record_spans`; in a mixed plan, its pools' records).
     """
     n, total, B = len(plan.order), plan.total, plan.batch_size
     if not len(ids) or total < 1:
@@ -65,11 +65,7 @@ def batch_shards(plan: EpochPlan, ids: np.ndarray, starts: np.ndarray) -> list[n
     if B >= total:
         every = np.unique(shard_of)
         return [every] * len(ids)
-    ids = np.asarray(ids, dtype=np.int64)
-    a, z = (ids * B) % total, (ids * B + B - 1) % total
-    if plan.bounds is not None:  # item position -> record position
-        a = np.searchsorted(plan.bounds, a, side="right") - 1
-        z = np.searchsorted(plan.bounds, z, side="right") - 1
+    a, z = plan.record_spans(ids)
     out = []
     for lo, hi in zip(a.tolist(), z.tolist()):
         part = shard_of[lo : hi + 1] if lo <= hi else np.concatenate([shard_of[lo:n], shard_of[: hi + 1]])
@@ -113,7 +109,8 @@ class ShardStream(IterableDataset):
             (see :data:`loaders.blockread.VERIFY_MODES`).
         decode_threads: zstd threads when iterating in the main process
             (default: up to 4); DataLoader workers always use 1.
-        **view_options: passed to the view (e.g. ``compact=True`` for twins).
+        **view_options: passed to the view (e.g. ``compact=True`` for twins; ``mix=`` records
+            per mixing pool and ``chunk=`` for ``mel`` and ``twins``, see :mod:`loaders.pools`).
 
     Iterate it directly (batches are dicts of tensors) or through
     :func:`loaders.make_loader`. Each new pass (``iter()``) is the next epoch,
@@ -189,7 +186,8 @@ class ShardStream(IterableDataset):
         epoch = self._progress.epoch if epoch is None else epoch
         if self._plan_cache is None or self._plan_cache[0] != epoch:
             c = self.config
-            plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last)
+            plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last,
+                                   self.view.mix, self.view.chunk)
             self._plan_cache = (epoch, plan)
         return self._plan_cache[1]
 

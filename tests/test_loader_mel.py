@@ -111,10 +111,10 @@ def test_mel_segments_round_trip_every_segment_once(mel_cache, h5_data):
     assert np.array_equal(_cat(batches, "mel")[:, 0].view(np.uint16), mel[f, l, s].view(np.uint16))
     assert np.array_equal(_cat(batches, "label"), labels[f].astype(np.int64))
     assert np.array_equal(_cat(batches, "waveform"), waves[f, l, s])
-    # rows of a batch are mixed across its files, and a batch spans few files
+    # rows of a batch are mixed across the files of a pool (here all 45 files)
     b = batches[2]["file_id"].numpy()
     assert (b[1:] != b[:-1]).mean() > 0.5
-    assert len(np.unique(b)) <= stream.view.g_max <= B // (L * S) + 2
+    assert 40 <= len(np.unique(b)) <= stream.view.g_max
 
 
 def test_float32_option_is_the_cast(mel_cache):

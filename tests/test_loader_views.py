@@ -108,29 +108,39 @@ def test_twins_view_equals_shards(cache):
     assert len(keys) - len(real) < 3000
 
 
-def test_twins_rows_mix_graphs_and_span_few(causal_cache):
+def test_twins_rows_mix_many_graphs_or_few_without_mixing(causal_cache):
     stream = ShardStream(causal_cache, view="twins", batch_size=4096, seed=0)
-    batch = stream.batch(3)
-    g = batch["graph_id"].numpy()
+    g = stream.batch(3)["graph_id"].numpy()
     assert (g[1:] != g[:-1]).mean() > 0.5  # consecutive rows come from different graphs
     from cachebuild.causal import parse_causal_config
     from cachebuild.format import read_manifest
 
+    assert 150 <= len(np.unique(g)) <= stream.view.g_max  # a pool of all 200 graphs, chunks of 8 rows
+    plain = ShardStream(causal_cache, view="twins", batch_size=4096, seed=0, mix=None)
+    g = plain.batch(3)["graph_id"].numpy()
+    assert (g[1:] != g[:-1]).mean() > 0.5  # still mixed inside the batch
     cfg = parse_causal_config(read_manifest(causal_cache).config)  # the default recipe's fewest rows per graph
     k_min = min(cfg.num_interventions(n) for n in range(cfg.graph.n_min, cfg.graph.n_max + 1))
-    assert len(np.unique(g)) <= stream.view.g_max <= 4096 // (k_min * cfg.samples.base) + 2
+    assert len(np.unique(g)) <= 4096 // (k_min * cfg.samples.base) + 2  # consecutive rows of the graph order: a few graphs
 
 
-def test_twins_compact_expands_to_the_default_view(cache):
-    full = ShardStream(cache, view="twins", batch_size=2500, seed=4)
-    compact = ShardStream(cache, view="twins", batch_size=2500, seed=4, compact=True)
-    assert compact.layout.nbytes * 10 < full.layout.nbytes
+@pytest.mark.parametrize("mix,smaller", [(1024, 4), (None, 10)])
+def test_twins_compact_expands_to_the_default_view(cache, mix, smaller):
+    full = ShardStream(cache, view="twins", batch_size=2500, seed=4, mix=mix)
+    compact = ShardStream(cache, view="twins", batch_size=2500, seed=4, compact=True, mix=mix)
+    if mix is None:
+        compact = ShardStream(cache, view="twins", batch_size=2500, seed=4, compact=True, mix=None, chunk=64)
+        full = ShardStream(cache, view="twins", batch_size=2500, seed=4, mix=None, chunk=64)
+    assert compact.layout.nbytes * smaller < full.layout.nbytes
     for b in range(full.plan().batches):
         want, got = full.batch(b), compact.batch(b)
         G = int(got["ctx_mask"].sum())
         assert G == len(np.unique(want["graph_id"].numpy()))
         assert (got["ctx_record_id"][G:] == -1).all() and (got["ctx_base"][G:] == 0).all()
         assert int(got["graph_index"].max()) < G
+        V = int(got["world_index"].max()) + 1
+        assert V == len(np.unique(want["graph_id"].numpy() * 100 + want["int_index"].numpy()))
+        assert (got["ctx_int"][V:] == 0).all()
         exp = expand_compact(got)
         for key in want:
             assert torch.equal(exp[key], want[key]), key

@@ -19,7 +19,7 @@ from loaders.batch import Field, Layout
 from loaders.shards import ShardSet
 from loaders.plan import BatchItems
 
-__all__ = ["View", "resolve_delta", "DELTA_MODES", "ShapesFn", "pad_mask", "copy_repeats", "field_layout", "array_fields", "require_fields"]
+__all__ = ["View", "check_mixing", "resolve_delta", "DELTA_MODES", "ShapesFn", "pad_mask", "copy_repeats", "field_layout", "array_fields", "require_fields"]
 
 ShapesFn = Callable[[str], np.ndarray]
 """``field name -> int64 [records, ndim]`` shapes of that field for every record (index only)."""
@@ -29,10 +29,15 @@ class View:
     """Base class of views. Subclasses set ``name`` and implement :meth:`layout` and :meth:`assemble`.
 
     ``decode_threads`` is the zstd thread count for the block reads (the stream
-    sets it: 1 inside DataLoader workers).
+    sets it: 1 inside DataLoader workers). ``mix`` and ``chunk`` say how the
+    plan mixes a many-item view's items across batches (records per pool,
+    items kept together; ``mix=None``: record after record, see
+    :mod:`loaders.pools`); views with one item per record leave them unset.
     """
 
     name = "?"
+    mix: int | None = None
+    chunk: int = 1
 
     def __init__(self, manifest: Manifest, batch_size: int):
         if batch_size < 1:
@@ -49,6 +54,12 @@ class View:
         """Learn what the cache holds (from index shapes); return items per record (``None``: one each)."""
         return None
 
+    def reset(self) -> None:
+        """Forget records kept decoded between batches (a view with a :class:`~loaders.views.store.RecordStore`)."""
+        store = getattr(self, "store", None)
+        if store is not None:
+            store.clear()
+
     def layout(self) -> Layout:
         """The fixed batch layout (call after :meth:`bind`)."""
         raise NotImplementedError
@@ -56,6 +67,15 @@ class View:
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
         """Fill the pre-allocated (and pre-filled) arrays ``out`` of one batch."""
         raise NotImplementedError
+
+
+def check_mixing(view: str, mix: int | None, chunk: int) -> tuple[int | None, int]:
+    """Validated ``(mix, chunk)`` options of a many-item view."""
+    if mix is not None and (isinstance(mix, bool) or not isinstance(mix, (int, np.integer)) or mix < 1):
+        raise ValueError(f"view {view!r}: mix must be >= 1 records per pool or None (record after record), got {mix!r}")
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"view {view!r}: chunk must be >= 1 items, got {chunk!r}")
+    return (None if mix is None else int(mix)), int(chunk)
 
 
 DELTA_MODES = ("auto", "stored", "computed")

@@ -6,13 +6,18 @@ defaults are 40 x 2 x 64 x 1, float16) and ``label`` (int16, 0-d).
 
 ``mel``: one batch row per *segment* (short window), for training.
     The plan works on files (each yields ``L*S`` items, known from the index
-    shapes without decoding): a batch holds consecutive segments of the
-    epoch's file order, so it decodes only the few files it spans (about
-    ``B / 80 + 1``) in one block read, and fills every row by index
-    arithmetic (one ``np.take`` per key, no per-segment Python). Rows are mixed
-    across those files by the plan's deterministic in-batch permutation, as in
-    ``twins``. Epoch plan, DDP split, exact resume, pinned prefetch: the
-    stream's, unchanged.
+    shapes without decoding) and mixes segments across files the way an
+    i.i.d. sampler does: the epoch's file order is cut into pools of ``mix``
+    files (default 1,024) whose segments are permuted together
+    (:mod:`loaders.pools`), so a batch of 1,024 segments spans about 650
+    files (``mix=4096``: about 900; ``mix=None``: consecutive segments, ~13
+    files). Each process keeps the files of the current pool decoded
+    (:mod:`loaders.views.store`: ``mix`` x 10 KB per file at the defaults,
+    x2 at a pool boundary) and decodes each file once per epoch; rows are
+    filled by index arithmetic (one ``np.take`` per key, no per-segment
+    Python). ``chunk`` keeps that many consecutive segments of a file
+    together (default 1). Epoch plan, DDP split, exact resume, pinned
+    prefetch: the stream's, unchanged.
 
     ================  =======================  ===========================================
     key               shape, dtype             meaning
@@ -69,8 +74,9 @@ from loaders.batch import Field, Layout
 from loaders.blockread import FieldBlock, read_block
 from loaders.plan import BatchItems
 from loaders.shards import ShardSet
-from loaders.views.base import ShapesFn, View, copy_repeats, pad_mask, require_fields
-from loaders.views.twins import max_graphs_per_batch
+from loaders.pools import DEFAULT_MIX, max_records_per_batch
+from loaders.views.base import ShapesFn, View, check_mixing, copy_repeats, pad_mask, require_fields
+from loaders.views.store import Dense, RecordStore
 
 __all__ = ["MelView", "MelFilesView", "MEL_DTYPES"]
 
@@ -109,13 +115,24 @@ def _labels(block: FieldBlock) -> np.ndarray:
 
 
 class MelView(_MelBase):
-    """One row per segment ``(file, long, short)``; planned by file, mixed within batches."""
+    """One row per segment ``(file, long, short)``; segments of a pool of files mixed across batches."""
 
     name = "mel"
 
-    def __init__(self, manifest: Manifest, batch_size: int, dtype: str | None = None, waveform: bool = False):
+    def __init__(self, manifest: Manifest, batch_size: int, dtype: str | None = None, waveform: bool = False,
+                 mix: int | None = DEFAULT_MIX, chunk: int = 1):
         super().__init__(manifest, batch_size, dtype, waveform)
+        self.mix, self.chunk = check_mixing(self.name, mix, chunk)
         self.g_max: int | None = None
+        L, S, M, T = self.max_shape
+        pad = self.varying  # every file of the cache the same shape: each decode overwrites its whole row
+        dense = {"mel": Dense((L, S, M, T), self.dtype, pad), "label": Dense((), "int64", False), "n_short": Dense((), "int64", False)}
+        if self.waveform:
+            dense["waveform"] = Dense((L, S, self.wave_len), "float32", pad or bool(manifest.schema("waveform").varying_axes))
+        self.store = RecordStore(dense, self._decode_into)
+
+    def options(self) -> dict[str, Any]:
+        return {**super().options(), "mix": self.mix, "chunk": self.chunk}
 
     def bind(self, shapes: ShapesFn) -> np.ndarray:
         mel = shapes("mel")
@@ -125,7 +142,7 @@ class MelView(_MelBase):
             if len(wav) and (wav[:, :2] != mel[:, :2]).any():
                 bad = int(np.flatnonzero((wav[:, :2] != mel[:, :2]).any(axis=1))[0])
                 raise ValueError(f"view 'mel': record {bad} has waveform windows {tuple(wav[bad, :2])} but mel windows {tuple(mel[bad, :2])}")
-        self.g_max = max_graphs_per_batch(items, self.batch_size)
+        self.g_max = max_records_per_batch(items, self.batch_size, self.chunk)
         return items
 
     def layout(self) -> Layout:
@@ -145,29 +162,30 @@ class MelView(_MelBase):
             keys["waveform"] = Field((B, self.wave_len), "float32")
         return Layout(keys)
 
+    def _decode_into(self, shards: ShardSet, ids: np.ndarray, arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
+        blocks = read_block(shards, ids, self._decode, self.decode_threads)
+        blocks["mel"].scatter(arrays["mel"], dest)  # cast to the batch dtype on the way
+        if self.waveform:
+            blocks["waveform"].scatter(arrays["waveform"], dest)
+        arrays["label"][dest] = _labels(blocks["label"])
+        arrays["n_short"][dest] = blocks["mel"].shapes[:, 1]
+
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
         L, S, M, T = self.max_shape
-        B, uniq, slot = self.batch_size, items.unique, items.slot
-        G = len(uniq)
+        B, G = self.batch_size, len(items.unique)
         if self.g_max is not None and G > self.g_max:
             raise RuntimeError(f"batch {items.index} spans {G} files, more than the planned {self.g_max}")
-        blocks = read_block(shards, uniq, self._decode, self.decode_threads)
-        # The block's files, dense ([G, L, S, M, T], cast to the batch dtype on the way).
-        alloc = np.zeros if self.varying else np.empty
-        files = alloc((G, L, S, M, T), self.dtype)
-        blocks["mel"].scatter(files)
-        # Segment k of a file is (long k // S_f, short k % S_f); its row in `files` follows.
-        per_short = blocks["mel"].shapes[:, 1][slot]
+        files, where = self.store.rows(shards, items)
+        row = where[items.slot]  # each batch row's file in the decoded arrays
+        # Segment k of a file is (long k // S_f, short k % S_f).
+        per_short = files["n_short"][row]
         long = items.items // per_short
         short = items.items - long * per_short
-        flat = (slot * L + long) * S + short
-        np.take(files.reshape(G * L * S, M, T), flat, axis=0, out=out["mel"].reshape(B, M, T), mode="clip")
+        flat = (row * L + long) * S + short
+        np.take(files["mel"].reshape(-1, M, T), flat, axis=0, out=out["mel"].reshape(B, M, T), mode="clip")
         if self.waveform:
-            W = self.wave_len
-            waves = np.zeros((G, L, S, W), np.float32)
-            blocks["waveform"].scatter(waves)
-            np.take(waves.reshape(G * L * S, W), flat, axis=0, out=out["waveform"], mode="clip")
-        out["label"][...] = _labels(blocks["label"])[slot]
+            np.take(files["waveform"].reshape(-1, self.wave_len), flat, axis=0, out=out["waveform"], mode="clip")
+        out["label"][...] = files["label"][row]
         out["file_id"][...] = items.records
         out["long_index"][...] = long
         out["short_index"][...] = short

@@ -2,10 +2,15 @@
 
 A graph with K interventions and S base rows yields K*S twin rows (a default
 graph: about 15 x 64 = 960). The plan works on graphs (their row counts come
-from the index shapes, no decoding): a batch holds consecutive rows of the
-epoch's graph order, so it decodes only the few graphs it spans (about
-``B / 960 + 1``), and its rows are mixed across those graphs by a
-deterministic in-batch permutation.
+from the index shapes, no decoding) and mixes rows across graphs: the epoch's
+graph order is cut into pools of ``mix`` graphs (default 1,024) whose rows,
+in chunks of ``chunk`` consecutive rows of one world (default 8), are
+permuted together (:mod:`loaders.pools`), so a batch of 4,096 rows spans
+about 400 graphs (``chunk=1``: about 1,000; ``mix=None``: consecutive rows,
+about ``B / 960 + 1`` graphs). Each process keeps the graphs of the current
+pool decoded (:mod:`loaders.views.store`, about 55 KB per graph padded to
+the cache's max K and n, so ~55 MB per 1,024 graphs, x2 at a pool boundary)
+and decodes each graph once per epoch.
 
 Row ``i`` of a batch is graph ``g``, intervention ``k``, row ``j``. Shapes use
 ``B`` batch size, ``N`` max nodes, ``K`` max interventions and ``S`` rows per
@@ -35,14 +40,19 @@ key                shape, dtype         meaning
 =================  ===================  ==================================================
 
 ``compact=True`` sends each graph's context once per batch instead of once per
-row (a batch of 4096 rows then moves about 40x fewer bytes to the GPU):
-the per-row keys ``target_row, int_row, delta, int_mask, int_node_idx, value,
-int_index, row_index, is_pad`` plus ``graph_index`` int64 ``[B]`` (slot of the
-row's graph in the context arrays) and the context ``ctx_base [G, S, N]``,
-``ctx_int [G, K, S, N]``, ``ctx_adj [G, N, N]`` f32, ``ctx_node_mask [G, N]``
-bool, ``ctx_n [G]`` int64, ``ctx_record_id [G]`` int64 (-1 in unused slots),
-``ctx_mask [G]`` bool. :func:`expand_compact` rebuilds the default keys from
-it on the GPU (``base_samples = ctx_base[graph_index]``, ...).
+row, and each intervened world once: the per-row keys ``target_row, int_row,
+delta, int_mask, int_node_idx, value, int_index, row_index, is_pad`` plus
+``graph_index`` int64 ``[B]`` (slot of the row's graph in the graph context)
+and ``world_index`` int64 ``[B]`` (slot of the row's (graph, k) world), the
+graph context ``ctx_base [G, S, N]``, ``ctx_adj [G, N, N]`` f32,
+``ctx_node_mask [G, N]`` bool, ``ctx_n [G]`` int64, ``ctx_record_id [G]``
+int64 (-1 in unused slots), ``ctx_mask [G]`` bool, and the world context
+``ctx_int [V, S, N]`` f32 (``G`` the most graphs and ``V`` the most worlds one
+batch can span: 513 each at the defaults, ``chunk=8``, B=4096). A mixed batch
+then moves about 6x fewer bytes than the default keys (with ``mix=None``,
+about 40x). :func:`expand_compact` rebuilds the default keys from it on the
+GPU (``base_samples = ctx_base[graph_index]``,
+``int_samples = ctx_int[world_index]``, ...).
 
 ``delta="computed"`` takes ``int_row - target_row`` (float32, bit-identical
 to the stored delta of a causal cache) instead of decompressing ``delta``;
@@ -60,29 +70,50 @@ from loaders.batch import Field, Layout
 from loaders.blockread import read_block
 from loaders.shards import ShardSet
 from loaders.plan import BatchItems
-from loaders.views.base import ShapesFn, View, pad_mask, require_fields, resolve_delta
+from loaders.pools import DEFAULT_MIX, chunk_lengths, max_records_per_batch
+from loaders.views.base import ShapesFn, View, check_mixing, pad_mask, require_fields, resolve_delta
+from loaders.views.store import Dense, RecordStore
 
-__all__ = ["TwinsView", "expand_compact", "max_graphs_per_batch"]
+__all__ = ["TwinsView", "expand_compact", "max_graphs_per_batch", "max_worlds_per_batch", "DEFAULT_TWIN_CHUNK"]
 
 _ROW_KEYS = ("target_row", "int_row", "delta", "int_mask", "int_node_idx", "value", "int_index", "row_index")
 
+DEFAULT_TWIN_CHUNK = 8
+"""Consecutive rows of one world kept together in a mixed plan (divides the 64 rows per world)."""
 
-def max_graphs_per_batch(items_per_graph: np.ndarray, batch_size: int) -> int:
-    """The most distinct graphs ``batch_size`` consecutive rows of the (cyclic) row stream can touch."""
-    pos = np.asarray(items_per_graph)[np.asarray(items_per_graph) > 0]
-    if pos.size == 0:
+
+def max_graphs_per_batch(items_per_graph: np.ndarray, batch_size: int, chunk: int = 1) -> int:
+    """The most distinct graphs ``batch_size`` consecutive rows of the (cyclic) row stream can touch,
+    when that stream is cut from runs of at most ``chunk`` rows of one graph (or whole graphs)."""
+    return max_records_per_batch(items_per_graph, batch_size, chunk)
+
+
+def max_worlds_per_batch(items_per_graph: np.ndarray, batch_size: int, rows: int, chunk: int = 1) -> int:
+    """The most distinct (graph, k) worlds of ``rows`` rows each that one batch can touch, record after
+    record (``ceil((B-1)/rows) + 1``) or as chunks of at most ``chunk`` rows starting at multiples of
+    ``chunk`` (each within one world when ``chunk`` divides ``rows``, else ``1 + ceil((chunk-1)/rows)``)."""
+    items = np.asarray(items_per_graph, dtype=np.int64)
+    worlds = int(items.sum()) // max(rows, 1)
+    if worlds == 0:
         return 1
-    return int(min(pos.size, -(-(batch_size - 1) // int(pos.min())) + 1))
+    _, shortest = chunk_lengths(items, chunk)
+    runs = -(-(batch_size - 1) // int(shortest)) + 1
+    per_run = 1 if rows % chunk == 0 else 1 + -(-(chunk - 1) // rows)  # chunks start at multiples of chunk
+    mixed = runs * per_run
+    plain = -(-(batch_size - 1) // rows) + 1
+    return int(min(worlds, batch_size, max(mixed, plain)))
 
 
 class TwinsView(View):
-    """Twin rows of a causal cache, planned by graph, mixed within batches; ``compact`` context once per graph."""
+    """Twin rows of a causal cache, mixed across a pool of graphs; ``compact`` context once per graph and world."""
 
     name = "twins"
 
-    def __init__(self, manifest: Manifest, batch_size: int, compact: bool = False, delta: str = "auto"):
+    def __init__(self, manifest: Manifest, batch_size: int, compact: bool = False, delta: str = "auto",
+                 mix: int | None = DEFAULT_MIX, chunk: int = DEFAULT_TWIN_CHUNK):
         super().__init__(manifest, batch_size)
         delta = resolve_delta(manifest, delta)
+        self.mix, self.chunk = check_mixing(self.name, mix, chunk)
         need = ["adj", "base", "int", "targets", "values"] + (["delta"] if delta == "stored" else [])
         require_fields(manifest, need, self.name)
         base = manifest.schema("base")
@@ -94,10 +125,17 @@ class TwinsView(View):
         self.k_max = manifest.schema("targets").max_shape[0]
         self.s = base.max_shape[0]
         self.g_max: int | None = None
+        self.w_max: int | None = None
         self._decode = need
+        S, K, N = self.s, self.k_max, self.n_max
+        dense = {"base": Dense((S, N), "float32"), "int": Dense((K, S, N), "float32"), "adj": Dense((N, N), "float32"),
+                 "targets": Dense((K,), "int64", False), "values": Dense((K,), "float32", False), "n": Dense((), "int64", False)}
+        if delta == "stored":
+            dense["delta"] = Dense((K, S, N), "float32")
+        self.store = RecordStore(dense, self._decode_into)
 
     def options(self) -> dict[str, Any]:
-        return {"compact": self.compact, "delta": self.delta}
+        return {"compact": self.compact, "delta": self.delta, "mix": self.mix, "chunk": self.chunk}
 
     def bind(self, shapes: ShapesFn) -> np.ndarray:
         ints = shapes("int")
@@ -105,13 +143,14 @@ class TwinsView(View):
             bad = int(np.flatnonzero(ints[:, 1] != self.s)[0])
             raise ValueError(f"view 'twins': record {bad} has {int(ints[bad, 1])} rows per intervened world, base has {self.s}")
         items = ints[:, 0] * self.s if len(ints) else np.zeros(0, np.int64)
-        self.g_max = max_graphs_per_batch(items, self.batch_size)
+        self.g_max = max_graphs_per_batch(items, self.batch_size, self.chunk)
+        self.w_max = max_worlds_per_batch(items, self.batch_size, self.s, self.chunk)
         return items
 
     def layout(self) -> Layout:
-        if self.g_max is None:
+        if self.g_max is None or self.w_max is None:
             raise RuntimeError("TwinsView.layout() needs bind() first (the stream calls it)")
-        B, N, K, S, G = self.batch_size, self.n_max, self.k_max, self.s, self.g_max
+        B, N, S, G, V = self.batch_size, self.n_max, self.s, self.g_max, self.w_max
         f32 = "float32"
         keys = {
             "target_row": Field((B, N), f32),
@@ -126,8 +165,9 @@ class TwinsView(View):
         if self.compact:
             keys.update(
                 graph_index=Field((B,), "int64"),
+                world_index=Field((B,), "int64"),
                 ctx_base=Field((G, S, N), f32, 0),
-                ctx_int=Field((G, K, S, N), f32, 0),
+                ctx_int=Field((V, S, N), f32, 0),
                 ctx_adj=Field((G, N, N), f32, 0),
                 ctx_node_mask=Field((G, N), "bool", False),
                 ctx_n=Field((G,), "int64", 0),
@@ -146,69 +186,78 @@ class TwinsView(View):
         keys["is_pad"] = Field((B,), "bool")
         return Layout(keys)
 
+    def _decode_into(self, shards: ShardSet, ids: np.ndarray, arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
+        blocks = read_block(shards, ids, self._decode, self.decode_threads)
+        for name in ("base", "int", "adj", "targets", "values") + (("delta",) if self.delta == "stored" else ()):
+            blocks[name].scatter(arrays[name], dest)
+        arrays["n"][dest] = blocks["adj"].shapes[:, 0]
+
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
         S, K, N, B = self.s, self.k_max, self.n_max, self.batch_size
         uniq, inv = items.unique, items.slot
         G = len(uniq)
         if G > self.g_max:
             raise RuntimeError(f"batch {items.index} spans {G} graphs, more than the planned {self.g_max}")
-        blocks = read_block(shards, uniq, self._decode, self.decode_threads)
-        if self.compact:
-            cbase, cint, cadj = out["ctx_base"], out["ctx_int"], out["ctx_adj"]
-        else:
-            cbase, cint, cadj = np.zeros((G, S, N), np.float32), np.zeros((G, K, S, N), np.float32), np.zeros((G, N, N), np.float32)
-        blocks["base"].scatter(cbase)
-        blocks["int"].scatter(cint)
-        blocks["adj"].scatter(cadj)
-        ctgt = np.zeros((G, K), np.int64)
-        cval = np.zeros((G, K), np.float32)
-        blocks["targets"].scatter(ctgt)
-        blocks["values"].scatter(cval)
-        n = blocks["adj"].shapes[:, 0]
+        graphs, where = self.store.rows(shards, items)
+        row = where[inv]  # each batch row's graph in the decoded arrays
         k = items.items // S
         j = items.items - k * S
-        world = inv * K + k  # (graph slot, intervention) as one index
-        np.take(cbase.reshape(-1, N), inv * S + j, axis=0, out=out["target_row"], mode="clip")
-        np.take(cint.reshape(-1, N), world * S + j, axis=0, out=out["int_row"], mode="clip")
+        world = row * K + k  # (decoded graph, intervention) as one index
+        np.take(graphs["base"].reshape(-1, N), row * S + j, axis=0, out=out["target_row"], mode="clip")
+        np.take(graphs["int"].reshape(-1, N), world * S + j, axis=0, out=out["int_row"], mode="clip")
         if self.delta == "stored":
-            cdel = np.zeros((G, K, S, N), np.float32)
-            blocks["delta"].scatter(cdel)
-            np.take(cdel.reshape(-1, N), world * S + j, axis=0, out=out["delta"], mode="clip")
+            np.take(graphs["delta"].reshape(-1, N), world * S + j, axis=0, out=out["delta"], mode="clip")
         else:
             np.subtract(out["int_row"], out["target_row"], out=out["delta"])
-        node = ctgt.reshape(-1)[world]
+        node = graphs["targets"].reshape(-1)[world]
         out["int_node_idx"][...] = node
         out["int_mask"][np.arange(B), node] = 1.0
-        out["value"][...] = cval.reshape(-1)[world]
+        out["value"][...] = graphs["values"].reshape(-1)[world]
         out["int_index"][...] = k
         out["row_index"][...] = j
         out["is_pad"][...] = items.is_pad
+        n = graphs["n"][where]
         if self.compact:
+            self._compact_context(graphs, where, inv * K + k, n, out)
             out["graph_index"][...] = inv
-            pad_mask(n, N, out["ctx_node_mask"][:G])
-            out["ctx_n"][:G] = n
             out["ctx_record_id"][:G] = uniq
-            out["ctx_mask"][:G] = True
         else:
-            np.take(cbase, inv, axis=0, out=out["base_samples"], mode="clip")
-            np.take(cint.reshape(-1, S, N), world, axis=0, out=out["int_samples"], mode="clip")
-            np.take(cadj, inv, axis=0, out=out["adj"], mode="clip")
+            np.take(graphs["base"], row, axis=0, out=out["base_samples"], mode="clip")
+            np.take(graphs["int"].reshape(-1, S, N), world, axis=0, out=out["int_samples"], mode="clip")
+            np.take(graphs["adj"], row, axis=0, out=out["adj"], mode="clip")
             pad_mask(n[inv], N, out["node_mask"])
             out["n"][...] = n[inv]
             out["graph_id"][...] = items.records
+
+    def _compact_context(self, graphs: dict[str, np.ndarray], where: np.ndarray, slot_world: np.ndarray, n: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Each graph of the batch once (slots in ``items.unique`` order) and each (graph, k) world once."""
+        G, K, N = len(where), self.k_max, self.n_max
+        if self.w_max is None:
+            raise RuntimeError("TwinsView needs bind() first")
+        worlds, world_index = np.unique(slot_world, return_inverse=True)
+        if len(worlds) > self.w_max:
+            raise RuntimeError(f"batch spans {len(worlds)} worlds, more than the planned {self.w_max}")
+        np.take(graphs["base"], where, axis=0, out=out["ctx_base"][:G], mode="clip")
+        np.take(graphs["adj"], where, axis=0, out=out["ctx_adj"][:G], mode="clip")
+        src = where[worlds // K] * K + worlds % K
+        np.take(graphs["int"].reshape(-1, self.s, N), src, axis=0, out=out["ctx_int"][: len(worlds)], mode="clip")
+        out["world_index"][...] = world_index.reshape(-1)
+        pad_mask(n, N, out["ctx_node_mask"][:G])
+        out["ctx_n"][:G] = n
+        out["ctx_mask"][:G] = True
 
 
 def expand_compact(batch: Mapping[str, Any]) -> dict[str, Any]:
     """The default (per-row) twins keys from a ``compact=True`` batch, by indexing (works on GPU tensors).
 
-    ``base_samples = ctx_base[graph_index]``, ``int_samples = ctx_int[graph_index, int_index]``,
+    ``base_samples = ctx_base[graph_index]``, ``int_samples = ctx_int[world_index]``,
     ``adj``, ``node_mask``, ``n`` likewise, ``graph_id = ctx_record_id[graph_index]``;
     the per-row keys pass through.
     """
     g = batch["graph_index"]
     out = {k: batch[k] for k in _ROW_KEYS + ("is_pad",)}
     out["base_samples"] = batch["ctx_base"][g]
-    out["int_samples"] = batch["ctx_int"][g, batch["int_index"]]
+    out["int_samples"] = batch["ctx_int"][batch["world_index"]]
     out["adj"] = batch["ctx_adj"][g]
     out["node_mask"] = batch["ctx_node_mask"][g]
     out["n"] = batch["ctx_n"][g]

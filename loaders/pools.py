@@ -1,0 +1,114 @@
+"""Mixing pools: how a plan spreads the items of many records over many batches.
+
+Views whose records yield many items (``mel``: segments of a file; ``twins``:
+(graph, intervention, row) rows) would, with items laid out record after
+record, fill a batch from a handful of records (a ``mel`` batch of 1,024
+segments: 13 files). An i.i.d. sampler draws from hundreds. A *pool* fixes
+that at a bounded cost:
+
+* the epoch's record order is cut into pools of at most ``mix`` consecutive
+  records (near-equal sizes, so no pool is tiny);
+* each record's items are cut into *chunks* of ``chunk`` consecutive items;
+  the chunks of a pool are permuted (seeded by ``(seed, epoch, pool)``), and
+  the item stream of the epoch is pool 0's permuted chunks, then pool 1's, ...
+
+So a batch draws its rows from a whole pool: with ``n`` items per record and
+``P`` records per pool, about ``P * (1 - (1 - B / (P * n)) ** (n / chunk))``
+distinct records (``mel`` defaults, ``P = 1024``, ``n = 80``, ``B = 1024``:
+about 650 files; ``twins``, ``n ~ 960``, ``chunk = 8``, ``B = 4096``: about
+400 graphs). A process keeps the records of the pools its batches touch
+decoded (:mod:`loaders.views.store`), so it decodes each record once per epoch
+(twice at most where padding wraps to the epoch's start), holding at most
+``max_pools_per_batch`` pools of decoded records.
+
+Everything here is a pure function of integers and arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_MIX",
+    "pool_bounds",
+    "chunk_lengths",
+    "PoolTable",
+    "pool_table",
+    "max_pools_per_batch",
+    "max_records_per_batch",
+]
+
+DEFAULT_MIX = 1024
+"""Records per mixing pool of the many-item views (``mel``, ``twins``); see the module docstring."""
+
+
+def pool_bounds(records: int, mix: int) -> np.ndarray:
+    """Epoch-order positions ``[0, ..., records]`` cutting ``records`` into ``ceil(records / mix)`` near-equal pools."""
+    if mix < 1:
+        raise ValueError(f"mix must be >= 1 records per pool, got {mix}")
+    pools = max(1, -(-records // mix))
+    return (np.arange(pools + 1, dtype=np.int64) * records) // pools
+
+
+def chunk_lengths(items: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(chunks per record, min chunk length over all chunks)`` of records of ``items`` items each."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 items, got {chunk}")
+    items = np.asarray(items, dtype=np.int64)
+    per = -(-items // chunk)
+    rem = items % chunk
+    lengths = np.concatenate([[chunk] if (items >= chunk).any() else [], rem[rem > 0]])
+    return per, np.int64(lengths.min()) if lengths.size else np.int64(0)
+
+
+@dataclass(frozen=True)
+class PoolTable:
+    """The permuted chunks of one pool: ``rec[c]`` (epoch-order position of the record),
+    ``start[c]`` (first item of the chunk in its record), ``cum`` (``[0, cumsum(lengths)]``)."""
+
+    rec: np.ndarray
+    start: np.ndarray
+    cum: np.ndarray
+
+    def locate(self, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(record position, item index)`` of pool-local item positions."""
+        if len(self.cum) - 1 == self.cum[-1]:  # chunks of one item: position = chunk
+            return self.rec[local], self.start[local]
+        c = np.searchsorted(self.cum, local, side="right") - 1
+        return self.rec[c], self.start[c] + (local - self.cum[c])
+
+
+def pool_table(items: np.ndarray, first: int, chunk: int, rng: np.random.Generator) -> PoolTable:
+    """Chunks of the pool whose records (epoch positions ``first, first+1, ...``) hold ``items`` items, permuted by ``rng``."""
+    items = np.asarray(items, dtype=np.int64)
+    per, _ = chunk_lengths(items, chunk)
+    n = int(per.sum())
+    rec = np.repeat(np.arange(len(items), dtype=np.int64), per)
+    offsets = np.concatenate([[0], np.cumsum(per)[:-1]]).astype(np.int64)
+    start = (np.arange(n, dtype=np.int64) - offsets[rec]) * chunk
+    length = np.minimum(chunk, items[rec] - start)
+    perm = rng.permutation(n)
+    rec, start, length = rec[perm], start[perm], length[perm]
+    cum = np.concatenate([[0], np.cumsum(length)]).astype(np.int64)
+    return PoolTable(rec + first, start, cum)
+
+
+def max_pools_per_batch(pool_items: np.ndarray, batch_size: int) -> int:
+    """The most pools ``batch_size`` consecutive positions of the cyclic item stream can touch."""
+    pool_items = np.asarray(pool_items, dtype=np.int64)
+    pos = pool_items[pool_items > 0]
+    if pos.size == 0:
+        return 1
+    return int(min(pos.size, -(-(batch_size - 1) // int(pos.min())) + 1))
+
+
+def max_records_per_batch(items: np.ndarray, batch_size: int, chunk: int = 1) -> int:
+    """The most distinct records a batch can hold when it is cut from runs of at most ``chunk`` items
+    of one record (any plan: consecutive records, or a pool's permuted chunks)."""
+    per, shortest = chunk_lengths(items, chunk)
+    records = int((np.asarray(items) > 0).sum())
+    if records == 0:
+        return 1
+    return int(min(records, batch_size, -(-(batch_size - 1) // int(shortest)) + 1))

@@ -1,0 +1,122 @@
+"""Decoded records kept while a process's batches draw from their pool.
+
+In a mixed plan (:mod:`loaders.pools`) every batch draws rows from hundreds
+of records of the current pool, and a process builds many batches of the same
+pool. Decoding the records each batch touches would decode every record once
+per batch it appears in (a ``mel`` file: up to 80 times per epoch); instead a
+:class:`RecordStore` keeps them decoded, padded to the cache's max shapes, in
+``pool_span`` *regions* of ``pool_size`` records (one pool each), and decodes
+a record only when a batch first needs it. A region is reused once no batch of
+this process needs its pool any more: batches come in increasing order, so a
+record is decoded once per epoch per process (twice at most, where the
+epoch's last batches wrap to its first pool as padding). Memory:
+``pool_span * pool_size`` padded records per process, allocated lazily.
+
+Without pools (no shuffle, or a one-item view) the store decodes the batch's
+records into fresh arrays, as a per-batch block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from loaders.plan import BatchItems
+from loaders.shards import ShardSet
+
+__all__ = ["Dense", "DecodeInto", "RecordStore"]
+
+
+@dataclass(frozen=True)
+class Dense:
+    """One decoded field of a record: its padded shape (without the record axis) and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    zero: bool = True  # re-zeroed when a region is reused (records smaller than the padded shape)
+
+
+DecodeInto = Callable[[ShardSet, np.ndarray, dict[str, np.ndarray], np.ndarray], None]
+"""``decode(shards, ids, arrays, dest)``: decode records ``ids`` into ``arrays[k][dest[i]]`` (zeroed before)."""
+
+
+class RecordStore:
+    """Decoded, padded records of the pools the current batch touches (see the module docstring)."""
+
+    def __init__(self, fields: dict[str, Dense], decode: DecodeInto):
+        self.fields = dict(fields)
+        self.decode = decode
+        self.decodes = 0  # records decoded so far by this process (for tests and benchmarks)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every decoded record (and free their memory)."""
+        self.arrays: dict[str, np.ndarray] | None = None
+        self.size = self.span = 0
+        self.held = np.zeros(0, np.int64)  # pool id per region, -1 when free
+        self.epoch_key: tuple | None = None
+        self.done = np.zeros(0, bool)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)  # a pickled stream (DataLoader workers) carries no decoded records
+        state.update(arrays=None, size=0, span=0, held=np.zeros(0, np.int64), epoch_key=None, done=np.zeros(0, bool))
+        return state
+
+    def _alloc(self, rows: int) -> dict[str, np.ndarray]:
+        return {k: np.zeros((rows,) + f.shape, f.dtype) for k, f in self.fields.items()}
+
+    def rows(self, shards: ShardSet, items: BatchItems) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """``(arrays, where)``: decoded arrays holding every record of the batch, ``where[g]`` the row of ``items.unique[g]``.
+
+        Pools of another plan (``items.plan_key``: seed, epoch) are other records: regions are dropped.
+        """
+        if items.pool is None:
+            arrays = self._alloc(len(items.unique))
+            where = np.arange(len(items.unique), dtype=np.int64)
+            self._decode(shards, items.unique, arrays, where)
+            return arrays, where
+        if self.arrays is None or (items.pool_size, items.pool_span) != (self.size, self.span):
+            self.size, self.span = items.pool_size, items.pool_span
+            self.arrays = self._alloc(self.size * self.span)
+            self.held = np.full(self.span, -1, np.int64)
+            self.done = np.zeros(self.size * self.span, bool)
+        if items.plan_key != self.epoch_key:
+            self.held[:] = -1
+            self.epoch_key = items.plan_key
+        region = self._regions(items.pool)
+        where = region * self.size + items.pool_index
+        missing = np.flatnonzero(~self.done[where])
+        if missing.size:
+            self._decode(shards, items.unique[missing], self.arrays, where[missing])
+            self.done[where[missing]] = True
+        return self.arrays, where
+
+    def _regions(self, pools: np.ndarray) -> np.ndarray:
+        """The region of each entry of ``pools``; pools not held yet take regions no pool of this batch holds."""
+        need = np.unique(pools)
+        free = [r for r in range(self.span) if self.held[r] not in need]
+        region_of = {}
+        for q in need.tolist():
+            hit = np.flatnonzero(self.held == q)
+            if hit.size:
+                region_of[q] = int(hit[0])
+                continue
+            r = free.pop(0)
+            lo, hi = r * self.size, (r + 1) * self.size
+            if self.held[r] != -1 or self.done[lo:hi].any():
+                for name, arr in self.arrays.items():
+                    if self.fields[name].zero:
+                        arr[lo:hi] = 0
+            self.done[lo:hi] = False
+            self.held[r] = q
+            region_of[q] = r
+        out = np.empty(len(pools), np.int64)
+        for q, r in region_of.items():
+            out[pools == q] = r
+        return out
+
+    def _decode(self, shards: ShardSet, ids: np.ndarray, arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
+        self.decode(shards, ids, arrays, dest)
+        self.decodes += len(ids)
