@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from cachebuild.build.backends import BACKENDS, run_jobs
+from cachebuild.build.checked import block_records_of, fill_shard
 from cachebuild.build.markers import BUILD_RECORD, done_name, read_valid_done, write_done
 from cachebuild.build.output import LocalOutput, Output, open_output
 from cachebuild.build.plan import BLOCK_RECORDS, ShardSpec, plan_shards
@@ -130,7 +131,7 @@ def _fingerprint(source: RecordSource, opts: BuildOptions, per_shard: int) -> st
         "codec": opts.codec.to_dict(),
         "records": opts.records,
         "records_per_shard": per_shard,
-        "block_records": BLOCK_RECORDS,
+        "block_records": block_records_of(source),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -188,11 +189,7 @@ def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, 
         tune_malloc()  # a build worker process, not the caller's
     writer = ShardWriter(out.staging(), spec.name, source.fields(), codec, first_record=spec.start)
     try:
-        for block in source.blocks(seed, spec.index, spec.start, spec.stop):
-            for record in block:
-                writer.add(record)
-        if writer.records != spec.records:
-            raise RuntimeError(f"source made {writer.records} records for {spec.name}, plan says {spec.records}")
+        fill_shard(writer, source, seed, spec)
         shard = writer.close(sync=sync)
     except BaseException:
         writer.abort()
@@ -275,7 +272,7 @@ def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output,
         codec=opts.codec,
         fields=schemas_from_indexes(fields, indexes),
         shards=tuple(ShardEntry(**s.to_dict()) for s in shards),
-        build={"fingerprint": fingerprint, "records_per_shard": per_shard, "block_records": BLOCK_RECORDS},
+        build={"fingerprint": fingerprint, "records_per_shard": per_shard, "block_records": block_records_of(source)},
         created_by=f"cachebuild {__version__}",
     )
     out.write_bytes(MANIFEST_NAME, manifest.to_json())
