@@ -16,7 +16,9 @@ running script: loky ships it by value).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
@@ -33,7 +35,12 @@ _MODES = ("record", "block")
 def function_name(fn: Callable[..., Any]) -> str:
     """``module:qualname`` of a function (the default ``kind`` of its source)."""
     fn = getattr(fn, "func", fn)  # functools.partial
-    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+    module = getattr(fn, "__module__", None) or "?"
+    if module == "__main__":  # a script run directly: its file name, as when it is imported
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        module = spec.name if spec is not None else Path(getattr(main, "__file__", "__main__")).stem
+    return f"{module}:{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 def _schema(fields: Mapping[str, str] | Any) -> tuple[tuple[str, str], ...]:
@@ -107,17 +114,17 @@ class FunctionSource:
         }
 
     def estimated_record_bytes(self) -> int:
-        """``record_bytes`` if given, else the size of one probe record (made with a throwaway rng)."""
+        """``record_bytes`` if given, else the size of record 0 of shard 0 with seed 0 (made here, then dropped)."""
         if self.record_bytes is not None:
             return int(self.record_bytes)
-        rng = np.random.default_rng(0)
+        rng = block_rng(0, 0, 0)
         try:
             if self.mode == "record":
                 return max(1, _raw_bytes(self.fn(rng, 0, **self.params)))
             cols = self.fn(rng, 0, 1, **self.params)
             return max(1, sum(int(getattr(v, "nbytes", 64 * len(v))) for v in cols.values()))
         except Exception as exc:
-            raise SourceError(f"source {self.kind!r} shard - record 0 raised {type(exc).__name__}: {exc} (while sizing one probe record)") from exc
+            raise SourceError(f"source {self.kind!r} shard 0 record 0 raised {type(exc).__name__}: {exc} (sizing a probe record, seed 0)") from exc
 
     def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
         for b, a in enumerate(range(start, stop, self.block_records)):

@@ -16,12 +16,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from cachebuild.build.backends import BACKENDS, run_jobs
-from cachebuild.build.checked import block_records_of, fill_shard
+from cachebuild.build.checked import block_records_of, fill_shard, probe_source
 from cachebuild.build.markers import BUILD_RECORD, done_name, read_valid_done, write_done
 from cachebuild.build.output import LocalOutput, Output, open_output
 from cachebuild.build.plan import BLOCK_RECORDS, ShardSpec, plan_shards
@@ -152,7 +152,7 @@ def _check_local(out: LocalOutput) -> None:
         raise OutputError(f"cannot write {path}: not writable")
 
 
-def _prepare_out(out: Output, fingerprint: str, overwrite: bool) -> bool:
+def _prepare_out(out: Output, fingerprint: str, overwrite: bool, probe: Callable[[], None] | None = None) -> bool:
     """Make the output ready; True when it already holds this exact complete cache."""
     if isinstance(out, LocalOutput):
         _check_local(out)
@@ -173,6 +173,8 @@ def _prepare_out(out: Output, fingerprint: str, overwrite: bool) -> bool:
                 f"{out.location} holds a cache built with another config, seed, codec or size; "
                 "pass --overwrite to replace it, or choose another --out"
             )
+        if probe is not None:
+            probe()  # a source that fails at once must not cost the old cache
         out.remove(MANIFEST_NAME)  # first: the old cache stops being complete
         for n in names:
             if _is_ours(n) and n != MANIFEST_NAME:
@@ -213,7 +215,7 @@ def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records")
     plan = plan_shards(opts.records, per_shard)
     fingerprint = _fingerprint(source, opts, per_shard)
     out = open_output(opts.out, opts.storage_options)
-    if _prepare_out(out, fingerprint, opts.overwrite):
+    if _prepare_out(out, fingerprint, opts.overwrite, lambda: probe_source(source, opts.seed, plan[0])):
         m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
         raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
         return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True)

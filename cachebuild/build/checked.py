@@ -16,7 +16,7 @@ from cachebuild.build.source import RecordSource
 from cachebuild.errors import CacheBuildError, SourceError
 from cachebuild.format.shard_writer import JSON_DTYPE, ShardWriter
 
-__all__ = ["fill_shard", "record_problem", "source_error", "block_records_of"]
+__all__ = ["fill_shard", "probe_source", "record_problem", "source_error", "block_records_of"]
 
 
 def block_records_of(source: RecordSource) -> int:
@@ -79,3 +79,22 @@ def fill_shard(writer: ShardWriter, source: RecordSource, seed: int, spec: Shard
                 raise source_error(source, spec.index, rid, detail) from exc
     if writer.records != spec.records:
         raise source_error(source, spec.index, spec.start + writer.records, f"missing: the source made {writer.records} records, the plan asked for {spec.records}")
+
+
+def probe_source(source: RecordSource, seed: int, spec: ShardSpec) -> None:
+    """Make and check the first block of ``spec`` in this process, writing nothing.
+
+    Run before ``--overwrite`` deletes an existing cache, so a source that
+    fails at once (bad field, wrong dtype, an exception) leaves that cache intact.
+    """
+    fields = list(source.fields())
+    try:
+        block = next(iter(source.blocks(seed, spec.index, spec.start, spec.stop)), [])
+    except CacheBuildError:
+        raise
+    except Exception as exc:
+        raise source_error(source, spec.index, spec.start, f"raised {type(exc).__name__}: {exc}") from exc
+    for i, record in enumerate(block):
+        problem = record_problem(record, fields)
+        if problem:
+            raise source_error(source, spec.index, spec.start + i, problem)
