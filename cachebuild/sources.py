@@ -87,12 +87,33 @@ def load_attribute(spec: str) -> Any:
         raise ConfigError(f"recipe kind {spec!r}: cannot import module {module_name!r} ({exc}); is it in the current folder or on PYTHONPATH?") from None
     except Exception as exc:
         raise ConfigError(f"recipe kind {spec!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}") from None
+    _ship_by_value(module)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"recipe kind {spec!r}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _ship_by_value(module: Any) -> None:
+    """Pickle a user's module (not an installed package) by value for the build workers.
+
+    Workers started before the module's folder was put on ``sys.path`` (loky
+    reuses its executor within a process) could not import it by name; by value,
+    its functions travel with the source.
+    """
+    import sysconfig
+
+    path = str(getattr(module, "__file__", "") or "")
+    installed = [p for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]} if p]
+    if not path or any(path.startswith(p) for p in installed) or module.__name__.split(".")[0] in ("cachebuild", "loaders"):
+        return
+    try:
+        import cloudpickle  # what loky pickles with when it is installed (a dependency of ours)
+    except ImportError:  # pragma: no cover
+        return
+    cloudpickle.register_pickle_by_value(module)
 
 
 def _user_maker(spec: str, obj: Any) -> Maker:

@@ -18,7 +18,9 @@ import numpy as np
 
 from cachebuild import FunctionSource, RecordSource
 
-SOURCES = ("causal", "mel", "toy", "fn_record", "fn_block", "user")
+SOURCES = ("causal", "mel", "toy", "fn_record", "fn_block", "user", "ssm", "sequences")
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLE_KINDS = {"ssm": ("ssm_teacher:make", {"length": 16, "measurements": 2}), "sequences": ("sequences:make", {"max_length": 40})}
 RECORDS = 48
 PER_SHARD = 6
 
@@ -78,6 +80,17 @@ def make(name: str, user_dir: Path | None = None) -> RecordSource:
 
         assert user_dir is not None and (user_dir / "ssm_user.py").exists()
         return resolve_kind("ssm_user:make").make(parse_recipe({"kind": "ssm_user:make", "params": {"length": 10}}, "records"))[0]
+    if name in EXAMPLE_KINDS:  # the worked examples' sources, through the recipe registry
+        import sys
+
+        from cachebuild.recipes import parse_recipe
+        from cachebuild.sources import resolve_kind
+
+        folder = str(EXAMPLES / name)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        kind, params = EXAMPLE_KINDS[name]
+        return resolve_kind(kind).make(parse_recipe({"kind": kind, "params": params}, "records"))[0]
     raise KeyError(name)
 
 

@@ -62,7 +62,8 @@ def test_source_contract(name: str, user_dir: Path, tmp_path: Path) -> None:
 
     # a real build process, SIGKILLed after its first shard, then resumed here
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), str(user_dir)])}
+    paths = [str(REPO), str(TESTS), str(user_dir), str(cs.EXAMPLES / "ssm"), str(cs.EXAMPLES / "sequences")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     proc = subprocess.Popen([sys.executable, str(TESTS / "contract_sources.py"), name, str(killed), str(user_dir)], env=env, start_new_session=True)
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline and not list(killed.glob("*.done.json")):
