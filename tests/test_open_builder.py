@@ -178,3 +178,30 @@ def test_build_api_takes_a_source_or_a_recipe(tmp_path: Path) -> None:
     assert r.records == 30
     with pytest.raises(ConfigError, match="unknown-kind"):
         build({"kind": "unknown-kind"}, tmp_path / "d")
+
+
+def test_kinds_from_an_entry_point_and_from_register_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package that declares a `cachebuild.sources` entry point (a real dist-info on sys.path)."""
+    from cachebuild.sources import KINDS, SourceKind, register_kind, resolve_kind
+
+    (tmp_path / "ep_data.py").write_text(USER_CODE)
+    dist = tmp_path / "ep_data-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-data\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[cachebuild.sources]\nep-seq = ep_data:make\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = cachebuild.build({"kind": "ep-seq", "records": 50, "params": {"length": 3}}, tmp_path / "c", workers=1, progress=False)
+    assert r.records == 50
+    kind = SourceKind("mine", lambda recipe: (cachebuild.FunctionSource.per_record(_one_byte, {"b": "uint8"}), 7))
+    register_kind(kind)
+    try:
+        assert resolve_kind("mine") is kind
+        with pytest.raises(ValueError, match="already registered"):
+            register_kind(kind)
+        assert cachebuild.build({"kind": "mine"}, tmp_path / "m", workers=1, progress=False).records == 7
+    finally:
+        KINDS.pop("mine")
+
+
+def _one_byte(rng: np.random.Generator, index: int) -> dict:
+    return {"b": np.array(index % 256, dtype=np.uint8)}
