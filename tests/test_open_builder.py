@@ -205,3 +205,25 @@ def test_kinds_from_an_entry_point_and_from_register_kind(tmp_path: Path, monkey
 
 def _one_byte(rng: np.random.Generator, index: int) -> dict:
     return {"b": np.array(index % 256, dtype=np.uint8)}
+
+
+def _short_block(rng: np.random.Generator, start: int, stop: int) -> dict:
+    return {"x": np.zeros((stop - start - 1, 2), np.float32)}
+
+
+def _wrong_block_dtype(rng: np.random.Generator, start: int, stop: int) -> dict:
+    return {"x": np.zeros((stop - start, 2), np.float16)}
+
+
+@pytest.mark.parametrize("fn,words", [(_short_block, ["record 0 field 'x'", "needs 8 rows, got 7"]), (_wrong_block_dtype, ["record 0 field 'x'", "expected dtype float32, got float16"])])
+def test_block_function_errors_name_the_field(tmp_path: Path, fn, words: list[str]) -> None:
+    from cachebuild import FunctionSource, build
+    from cachebuild.errors import SourceError
+
+    src = FunctionSource.per_block(fn, {"x": "float32"}, block_records=8, record_bytes=8)
+    with pytest.raises(SourceError) as err:
+        build(src, tmp_path / "c", records=20, workers=1, progress=False)
+    msg = str(err.value)
+    assert msg.startswith(f"source '{src.kind}' shard 0 ") and "\n" not in msg
+    for word in words:
+        assert word in msg, msg

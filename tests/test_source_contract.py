@@ -1,5 +1,5 @@
-"""The source contract, run against every registered source (ours, FunctionSource, a user's module):
-byte-identical across 1 and 2 workers, resumable after SIGKILL, fields and dtypes as declared."""
+"""The source contract, run against every registered source (ours, FunctionSource, a user's module, the examples'):
+byte-identical across 1 and 2 workers and the loky and threading backends, resumable after SIGKILL, fields and dtypes as declared."""
 
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ def test_source_contract(name: str, user_dir: Path, tmp_path: Path) -> None:
     assert s1.shards >= 4
     ref = _files(one)
     assert ref == _files(two), f"{name}: 1 and 2 workers differ"
+    threads = tmp_path / "threads"
+    build(source, threads, records=cs.RECORDS, seed=3, workers=2, backend="threading", shard_mb=cs.shard_mb(source), progress=False)
+    assert _files(threads) == ref, f"{name}: the threading backend differs from loky"
 
     m = read_manifest(one)
     assert [(f.name, f.dtype) for f in m.fields] == [tuple(f) for f in source.fields()]
