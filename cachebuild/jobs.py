@@ -45,13 +45,12 @@ def run_causal_build(
     progress: bool = True,
 ) -> BuildSummary:
     """Parse the recipe, validate it, and build the causal-graph cache at ``out``."""
-    from cachebuild.build.causal_source import CausalSource
-    from cachebuild.causal import parse_causal_config
+    from cachebuild.sources import KINDS
 
     recipe = load_recipe(config_path, overrides, values, count_key="graphs")
-    cfg = parse_causal_config(recipe.table)
+    source, _ = KINDS["causal"].make(recipe)  # the same maker as `cachebuild build` with kind = "causal"
     opts = _options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress)
-    return build_cache(CausalSource(cfg), opts, unit="graphs")
+    return build_cache(source, opts, unit="graphs")
 
 
 def run_mel_build(
