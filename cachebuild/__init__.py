@@ -1,3 +1,30 @@
-"""cachebuild: pre-generate training data into compressed tar shards, offline and in parallel."""
+"""cachebuild: pre-generate training data into compressed tar shards, offline and in parallel.
+
+Public builder API (see the README's "Your own data")::
+
+    from cachebuild import FunctionSource, build
+    source = FunctionSource.per_record(make_one, {"x": "float32"})
+    summary = build(source, "cache/mine", records=100_000)
+"""
 
 __version__ = "0.1.0"
+
+from cachebuild.api import build  # noqa: E402  (after __version__, which modules import)
+from cachebuild.build.builder import BuildOptions, BuildSummary, build_cache
+from cachebuild.build.plan import block_rng
+from cachebuild.build.source import RecordSource
+from cachebuild.function_source import FunctionSource
+from cachebuild.sources import SourceKind, register_kind
+
+__all__ = [
+    "BuildOptions",
+    "BuildSummary",
+    "FunctionSource",
+    "RecordSource",
+    "SourceKind",
+    "__version__",
+    "block_rng",
+    "build",
+    "build_cache",
+    "register_kind",
+]

@@ -180,11 +180,13 @@ def inspect(cache: Path, record: int) -> None:
 
 def _register_extra_commands() -> None:
     from cachebuild.bench_cli import bench_command
+    from cachebuild.build_cli import build_command
     from cachebuild.stage_cli import stage_command, unstage_command
 
     main.add_command(stage_command)
     main.add_command(unstage_command)
     main.add_command(bench_command)
+    main.add_command(build_command)
 
 
 _register_extra_commands()

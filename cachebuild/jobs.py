@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping
 from cachebuild.build import BuildOptions, BuildSummary, build_cache
 from cachebuild.recipes import Recipe, load_recipe
 
-__all__ = ["run_causal_build", "run_mel_build", "DEFAULT_GRAPHS"]
+__all__ = ["run_causal_build", "run_mel_build", "mel_source_from", "DEFAULT_GRAPHS"]
 
 DEFAULT_GRAPHS = 10_000
 
@@ -45,13 +45,12 @@ def run_causal_build(
     progress: bool = True,
 ) -> BuildSummary:
     """Parse the recipe, validate it, and build the causal-graph cache at ``out``."""
-    from cachebuild.build.causal_source import CausalSource
-    from cachebuild.causal import parse_causal_config
+    from cachebuild.sources import KINDS
 
     recipe = load_recipe(config_path, overrides, values, count_key="graphs")
-    cfg = parse_causal_config(recipe.table)
+    source, _ = KINDS["causal"].make(recipe)  # the same maker as `cachebuild build` with kind = "causal"
     opts = _options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress)
-    return build_cache(CausalSource(cfg), opts, unit="graphs")
+    return build_cache(source, opts, unit="graphs")
 
 
 def run_mel_build(
@@ -70,6 +69,20 @@ def run_mel_build(
     progress: bool = True,
 ) -> BuildSummary:
     """Build a mel cache (one record per audio file) from exactly one source."""
+    recipe = load_recipe(config_path, overrides, values, count_key="files", default_codec=MEL_DEFAULT_CODEC)
+    source = mel_source_from(recipe, from_h5, from_wav, synthetic, h5_datasets)
+    opts = _options(recipe, out, len(source.source), workers, backend, address, overwrite, progress)
+    return build_cache(source, opts, unit="files")
+
+
+def mel_source_from(
+    recipe: Recipe,
+    from_h5: str | Path | None = None,
+    from_wav: str | Path | None = None,
+    synthetic: int | None = None,
+    h5_datasets: Mapping[str, str] | None = None,
+) -> Any:
+    """The mel build source of a parsed recipe and exactly one input (HDF5 file, WAV folder or N synthetic clips)."""
     from cachebuild.build.mel_source import MelBuildSource
     from cachebuild.checks import MAX_RECORDS, whole
     from cachebuild.errors import ConfigError
@@ -79,7 +92,6 @@ def run_mel_build(
     given = [name for name, v in (("--from-h5", from_h5), ("--from-wav", from_wav), ("--synthetic", synthetic)) if v is not None]
     if len(given) != 1:
         raise ConfigError(f"give exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N (got {', '.join(given) or 'none'})")
-    recipe = load_recipe(config_path, overrides, values, count_key="files", default_codec=MEL_DEFAULT_CODEC)
     cfg = parse_mel_config(recipe.table)
     if from_h5 is not None:
         source = H5Source(from_h5, cfg, dict(h5_datasets) if h5_datasets else None)
@@ -90,6 +102,5 @@ def run_mel_build(
         source = SyntheticSource(synthetic, cfg, recipe.seed)
     if len(source) == 0:
         raise ConfigError(f"the source has no usable audio files: {source.describe().get('path')}")
-    opts = _options(recipe, out, len(source), workers, backend, address, overwrite, progress)
     # source.cfg describes the records: for stored HDF5 mels, the file's parameters
-    return build_cache(MelBuildSource(source.cfg, source), opts, unit="files")
+    return MelBuildSource(source.cfg, source)

@@ -17,7 +17,7 @@ from cachebuild.config_file import apply_overrides, load_toml
 from cachebuild.errors import ConfigError
 from cachebuild.format.codec import Codec, parse_codec
 
-__all__ = ["Recipe", "load_recipe", "BUILD_KEYS"]
+__all__ = ["Recipe", "load_recipe", "parse_recipe", "BUILD_KEYS"]
 
 BUILD_KEYS = ("shard_mb", "codec", "level", "workers")
 MAX_SEED = (1 << 63) - 1
@@ -51,7 +51,11 @@ def load_recipe(
 ) -> Recipe:
     """Read ``path`` (or start empty), apply overrides, split build keys from generator keys."""
     doc = load_toml(path) if path else {}
-    doc = apply_overrides(doc, overrides, values)
+    return parse_recipe(apply_overrides(doc, overrides, values), count_key, default_codec)
+
+
+def parse_recipe(doc: Mapping[str, Any], count_key: str = "graphs", default_codec: str = "zstd") -> Recipe:
+    """Split a recipe document (overrides already applied) into the generator's table and build settings."""
     build = doc.get("build", {})
     if not isinstance(build, dict):
         raise ConfigError.bad_value("build", build, "must be a table")

@@ -4,7 +4,7 @@ the format, the builder and the loaders that should not depend on a generator.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 import numpy as np
 
@@ -25,6 +25,7 @@ class ToySource:
     n_max: int = 6
     width: int = 8
     kind: str = "toy"
+    block_records: ClassVar[int] = BLOCK_RECORDS
 
     def fields(self) -> list[tuple[str, str]]:
         return [("mat", "float32"), ("vec", "float64"), ("ident", "int64"), ("json", "json")]

@@ -16,11 +16,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from cachebuild.build.backends import BACKENDS, run_jobs
+from cachebuild.build.checked import block_records_of, fill_shard, probe_source
 from cachebuild.build.determinism import build_environment, source_determinism
 from cachebuild.build.lock import LOCK_NAME, build_lock
 from cachebuild.build.markers import BUILD_RECORD, done_name, read_valid_done, write_done
@@ -134,7 +135,7 @@ def _fingerprint(source: RecordSource, opts: BuildOptions, per_shard: int) -> st
         "codec": opts.codec.to_dict(),
         "records": opts.records,
         "records_per_shard": per_shard,
-        "determinism": source_determinism(source, BLOCK_RECORDS),
+        "determinism": source_determinism(source, block_records_of(source)),  # block size, numpy version
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -155,7 +156,7 @@ def _check_local(out: LocalOutput) -> None:
         raise OutputError(f"cannot write {path}: not writable")
 
 
-def _prepare_out(out: Output, fingerprint: str, overwrite: bool) -> bool:
+def _prepare_out(out: Output, fingerprint: str, overwrite: bool, probe: Callable[[], None] | None = None) -> bool:
     """Make the output ready; True when it already holds this exact complete cache."""
     if isinstance(out, LocalOutput):
         _check_local(out)
@@ -176,6 +177,8 @@ def _prepare_out(out: Output, fingerprint: str, overwrite: bool) -> bool:
                 f"{out.location} holds a cache built with another config, seed, codec or size; "
                 "pass --overwrite to replace it, or choose another --out"
             )
+        if probe is not None:
+            probe()  # a source that fails at once must not cost the old cache
         out.remove(MANIFEST_NAME)  # first: the old cache stops being complete
         for n in names:
             if _is_ours(n) and n != MANIFEST_NAME:
@@ -192,11 +195,7 @@ def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, 
         tune_malloc()  # a build worker process, not the caller's
     writer = ShardWriter(out.staging(), spec.name, source.fields(), codec, first_record=spec.start)
     try:
-        for block in source.blocks(seed, spec.index, spec.start, spec.stop):
-            for record in block:
-                writer.add(record)
-        if writer.records != spec.records:
-            raise RuntimeError(f"source made {writer.records} records for {spec.name}, plan says {spec.records}")
+        fill_shard(writer, source, seed, spec)
         shard = writer.close(sync=sync)
     except BaseException:
         writer.abort()
@@ -235,7 +234,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     """The build itself, with the output's lock held (local outputs)."""
     plan = plan_shards(opts.records, per_shard)
     fingerprint = _fingerprint(source, opts, per_shard)
-    if _prepare_out(out, fingerprint, opts.overwrite):
+    if _prepare_out(out, fingerprint, opts.overwrite, lambda: probe_source(source, opts.seed, plan[0])):
         m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
         raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
         return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True)
@@ -297,7 +296,8 @@ def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output,
         build={
             "fingerprint": fingerprint,
             "records_per_shard": per_shard,
-            "determinism": source_determinism(source, BLOCK_RECORDS),
+            "block_records": block_records_of(source),
+            "determinism": source_determinism(source, block_records_of(source)),
             "environment": build_environment(),
         },
         created_by=f"cachebuild {__version__}",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 from cachebuild.build.plan import block_rng
 from cachebuild.causal import CAUSAL_FIELDS, CausalConfig, generate_graphs
@@ -22,6 +22,7 @@ class CausalSource:
 
     cfg: CausalConfig
     kind: str = "causal"
+    block_records: ClassVar[int] = CAUSAL_BLOCK
 
     def fields(self) -> list[tuple[str, str]]:
         fields = [(k, v) for k, v in CAUSAL_FIELDS.items() if k != "json"]

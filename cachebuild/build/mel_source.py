@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 from cachebuild.mel.config import MelConfig
 from cachebuild.mel.sources import estimated_record_bytes, record_fields
@@ -26,6 +26,7 @@ class MelBuildSource:
     cfg: MelConfig
     source: Any
     kind: str = "mel"
+    block_records: ClassVar[int] = MEL_BLOCK_FILES
 
     def fields(self) -> list[tuple[str, str]]:
         return record_fields(self.cfg)

@@ -1,0 +1,100 @@
+"""Fill one shard from a source, turning a source's failure into one line that names it.
+
+A user's source may raise, or return a record with a missing, extra or
+mistyped field; the builder reports that as a :class:`SourceError` naming the
+source, the shard, the record and the field, instead of a traceback from deep
+inside the shard writer. The checks cost nothing on the good path: the writer
+validates every field already, and the precise diagnosis runs only on failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from cachebuild.build.plan import BLOCK_RECORDS, ShardSpec
+from cachebuild.build.source import RecordSource
+from cachebuild.errors import CacheBuildError, SourceError
+from cachebuild.format.shard_writer import JSON_DTYPE, ShardWriter
+
+__all__ = ["fill_shard", "probe_source", "record_problem", "source_error", "block_records_of"]
+
+
+def block_records_of(source: RecordSource) -> int:
+    """The source's block size for the fingerprint; sources written before it was
+    part of the protocol fall back to the old recorded constant."""
+    return int(getattr(source, "block_records", BLOCK_RECORDS))
+
+
+def record_problem(record: Any, fields: Sequence[tuple[str, str]]) -> str:
+    """What is wrong with ``record`` against the schema, as ``field 'x': ...`` (empty: nothing found)."""
+    if not isinstance(record, Mapping):
+        return f"record is a {type(record).__name__}, not a dict of fields"
+    names = [f for f, _ in fields]
+    for name in names:
+        if name not in record:
+            return f"field {name!r}: missing (the source declares {names})"
+    for name in record:
+        if name not in names:
+            return f"field {name!r}: not declared by the source (declared: {names})"
+    for name, dtype in fields:
+        value = record[name]
+        if dtype == JSON_DTYPE:
+            if not isinstance(value, (dict, list, str, int, float, bool)) and value is not None:
+                return f"field {name!r}: expected a JSON-able value, got {type(value).__name__}"
+            continue
+        got = getattr(value, "dtype", None)
+        if got is None or not hasattr(value, "ndim"):
+            return f"field {name!r}: expected a numpy {dtype} array, got {type(value).__name__}"
+        if got != dtype:
+            return f"field {name!r}: expected dtype {dtype}, got {got}"
+    return ""
+
+
+def source_error(source: RecordSource, shard: int, record: int, detail: str) -> SourceError:
+    """The standard one-line message: ``source 'k' shard N record R field 'f': ...``."""
+    return SourceError(f"source {source.kind!r} shard {shard} record {record} {detail}".replace("\n", " "))
+
+
+def fill_shard(writer: ShardWriter, source: RecordSource, seed: int, spec: ShardSpec) -> None:
+    """Write records [spec.start, spec.stop) of ``source`` into ``writer``, or raise a SourceError."""
+    fields = list(source.fields())
+    blocks = iter(source.blocks(seed, spec.index, spec.start, spec.stop))
+    while True:
+        try:
+            block = next(blocks)
+        except StopIteration:
+            break
+        except CacheBuildError:
+            raise
+        except Exception as exc:
+            raise source_error(source, spec.index, spec.start + writer.records, f"raised {type(exc).__name__}: {exc}") from exc
+        for record in block:
+            rid = spec.start + writer.records
+            if rid >= spec.stop:
+                raise source_error(source, spec.index, rid, f"is beyond the shard: the plan asked for records [{spec.start}, {spec.stop})")
+            try:
+                writer.add(record)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                detail = record_problem(record, fields) or f"cannot be written: {type(exc).__name__}: {exc}"
+                raise source_error(source, spec.index, rid, detail) from exc
+    if writer.records != spec.records:
+        raise source_error(source, spec.index, spec.start + writer.records, f"missing: the source made {writer.records} records, the plan asked for {spec.records}")
+
+
+def probe_source(source: RecordSource, seed: int, spec: ShardSpec) -> None:
+    """Make and check the first block of ``spec`` in this process, writing nothing.
+
+    Run before ``--overwrite`` deletes an existing cache, so a source that
+    fails at once (bad field, wrong dtype, an exception) leaves that cache intact.
+    """
+    fields = list(source.fields())
+    try:
+        block = next(iter(source.blocks(seed, spec.index, spec.start, spec.stop)), [])
+    except CacheBuildError:
+        raise
+    except Exception as exc:
+        raise source_error(source, spec.index, spec.start, f"raised {type(exc).__name__}: {exc}") from exc
+    for i, record in enumerate(block):
+        problem = record_problem(record, fields)
+        if problem:
+            raise source_error(source, spec.index, spec.start + i, problem)
