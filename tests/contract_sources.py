@@ -123,6 +123,11 @@ class Slow:
     def estimated_record_bytes(self) -> int:
         return int(self.inner.estimated_record_bytes())
 
+    def determinism(self) -> dict[str, Any]:
+        """The inner source's (optional) account of what its bytes depend on: same fingerprint."""
+        own = getattr(self.inner, "determinism", None)
+        return dict(own()) if callable(own) else {"block_records": self.block_records}
+
     def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
         for block in self.inner.blocks(seed, shard, start, stop):
             time.sleep(self.pause)

@@ -101,7 +101,7 @@ def test_build_command_with_a_user_module_builds_verifies_and_streams(user_folde
 def test_generate_and_mel_are_short_forms_of_build(tmp_path: Path) -> None:
     """The same recipe through `generate`/`mel` and through `build` gives the same cache."""
     runner = CliRunner()
-    causal = str(REPO / "configs" / "causal-default.toml")
+    causal = str(REPO / "configs" / "causal-users-2026-01-15.toml")
     a = runner.invoke(main, ["generate", "-c", causal, "--graphs", "300", "-o", str(tmp_path / "g"), "-q", "-j", "1"])
     b = runner.invoke(main, ["build", "-c", causal, "--records", "300", "-o", str(tmp_path / "b"), "-q", "-j", "1"])
     assert a.exit_code == 0 and b.exit_code == 0, (a.output, b.output)
@@ -117,7 +117,7 @@ def test_fingerprint_records_the_block_size_the_bytes_depend_on(tmp_path: Path) 
     from cachebuild.build.causal_source import CAUSAL_BLOCK
     from cachebuild.format.manifest import read_manifest
 
-    res = CliRunner().invoke(main, ["build", "-c", str(REPO / "configs" / "causal-default.toml"), "--records", "40", "-o", str(tmp_path / "c"), "-q", "-j", "1"])
+    res = CliRunner().invoke(main, ["build", "-c", str(REPO / "configs" / "causal-users-2026-01-15.toml"), "--records", "40", "-o", str(tmp_path / "c"), "-q", "-j", "1"])
     assert res.exit_code == 0, res.output
     assert read_manifest(tmp_path / "c").build["block_records"] == CAUSAL_BLOCK
 
