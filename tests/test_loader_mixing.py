@@ -20,6 +20,7 @@ import loaders.views.mel  # noqa: F401  (registers "mel")
 from loader_fixtures import batches_equal, build_causal, build_mel_from_arrays
 from loaders import ShardStream
 from loaders.plan import EpochPlan, worker_batches
+from loaders.views.twins import auto_twin_chunk
 from loaders.pools import chunk_lengths, max_records_per_batch, pool_bounds, pool_table
 
 
@@ -162,6 +163,20 @@ def test_twins_batches_span_at_least_256_graphs(causal1k):
             batch = stream.batch(b)
             g = batch["ctx_record_id"][batch["graph_index"]] if compact else batch["graph_id"]
             assert len(np.unique(g.numpy())) == spans[b]
+
+
+def test_twins_chunk_grows_with_the_batch_so_large_batches_stay_mixed_and_compact(causal1k):
+    """B=16,384: chunk 32 (512 chunks per batch): still >= 256 graphs per batch, and a compact context of
+    at most 513 graphs and worlds instead of the whole pool (which made batches 2.4x larger on the GPU)."""
+    assert [auto_twin_chunk(b, 64) for b in (256, 4096, 4097, 8192, 16384, 65536, 10**6)] == [8, 8, 16, 16, 32, 64, 64]
+    stream = ShardStream(causal1k, view="twins", batch_size=16384, seed=0, compact=True)
+    assert stream.view.chunk == 32 and stream.view.g_max <= 513 and stream.view.w_max <= 513
+    plan = stream.plan()
+    assert min(len(plan.batch(b).unique) for b in range(plan.batches)) >= 256
+    fixed = ShardStream(causal1k, view="twins", batch_size=16384, seed=0, compact=True, chunk=8)
+    assert fixed.view.chunk == 8 and fixed.view.g_max > 1000  # an explicit chunk is kept
+    with pytest.raises(ValueError):  # the chunk is part of the plan: a state from the other plan is refused
+        stream.load_state_dict(fixed.state_dict())
 
 
 @pytest.mark.parametrize("world,rank", [(1, 0), (2, 1)])

@@ -4,10 +4,11 @@ A graph with K interventions and S base rows yields K*S twin rows (a default
 graph: about 15 x 64 = 960). The plan works on graphs (their row counts come
 from the index shapes, no decoding) and mixes rows across graphs: the epoch's
 graph order is cut into pools of ``mix`` graphs (default 1,024) whose rows,
-in chunks of ``chunk`` consecutive rows of one world (default 8), are
-permuted together (:mod:`loaders.pools`), so a batch of 4,096 rows spans
-about 400 graphs (``chunk=1``: about 1,000; ``mix=None``: consecutive rows,
-about ``B / 960 + 1`` graphs). Each process keeps the graphs of the current
+in chunks of ``chunk`` consecutive rows of one world (default: 8 up to
+B=4,096, then doubled so a batch holds at most 512 chunks: 32 at B=16,384;
+:func:`auto_twin_chunk`), are permuted together (:mod:`loaders.pools`), so a
+batch spans about 400 graphs at any batch size (``chunk=1``: about 1,000 at
+B=4,096; ``mix=None``: consecutive rows, about ``B / (K*S) + 1`` graphs). Each process keeps the graphs of the current
 pool decoded (:mod:`loaders.views.store`, about 55 KB per graph padded to
 the cache's max K and n, so ~55 MB per 1,024 graphs, x2 at a pool boundary)
 and decodes each graph once per epoch.
@@ -74,11 +75,23 @@ from loaders.pools import DEFAULT_MIX, chunk_lengths, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, pad_mask, require_fields, resolve_delta
 from loaders.views.store import Dense, RecordStore
 
-__all__ = ["TwinsView", "expand_compact", "max_graphs_per_batch", "max_worlds_per_batch", "DEFAULT_TWIN_CHUNK"]
+__all__ = ["TwinsView", "expand_compact", "max_graphs_per_batch", "max_worlds_per_batch", "DEFAULT_TWIN_CHUNK", "auto_twin_chunk"]
 
 _ROW_KEYS = ("target_row", "int_row", "delta", "int_mask", "int_node_idx", "value", "int_index", "row_index")
 
 DEFAULT_TWIN_CHUNK = 8
+TWIN_CHUNKS_PER_BATCH = 512
+
+
+def auto_twin_chunk(batch_size: int, rows: int) -> int:
+    """The default ``chunk`` of the twins view: the smallest power of two >= 8 that cuts a batch into at
+    most 512 chunks (B=4096: 8; B=16384: 32), at most ``rows`` (one world). A batch then spans about 400
+    graphs of a 1,024-graph pool at any batch size, while its compact context stays bounded
+    (at most ~513 graphs and worlds) instead of growing to the whole pool with the batch."""
+    chunk = DEFAULT_TWIN_CHUNK
+    while batch_size > chunk * TWIN_CHUNKS_PER_BATCH and chunk * 2 <= max(rows, DEFAULT_TWIN_CHUNK):
+        chunk *= 2
+    return chunk
 """Consecutive rows of one world kept together in a mixed plan (divides the 64 rows per world)."""
 
 
@@ -110,13 +123,13 @@ class TwinsView(View):
     name = "twins"
 
     def __init__(self, manifest: Manifest, batch_size: int, compact: bool = False, delta: str = "auto",
-                 mix: int | None = DEFAULT_MIX, chunk: int = DEFAULT_TWIN_CHUNK):
+                 mix: int | None = DEFAULT_MIX, chunk: int | None = None):
         super().__init__(manifest, batch_size)
         delta = resolve_delta(manifest, delta)
-        self.mix, self.chunk = check_mixing(self.name, mix, chunk)
         need = ["adj", "base", "int", "targets", "values"] + (["delta"] if delta == "stored" else [])
         require_fields(manifest, need, self.name)
         base = manifest.schema("base")
+        self.mix, self.chunk = check_mixing(self.name, mix, auto_twin_chunk(batch_size, base.max_shape[0]) if chunk is None else chunk)
         if base.min_shape[:1] != base.max_shape[:1]:
             raise ValueError(f"view 'twins' needs the same number of base rows in every graph; cache has {base.min_shape[0]}..{base.max_shape[0]}")
         self.compact = compact
