@@ -250,6 +250,10 @@ def model_step_ms(kind: str, batch: int, size: int) -> float:
     return median_ms(step, reps=30, warm=5)
 
 
+_TRAINER_KEYS = ("steps", "samples_per_s", "wait_fraction", "gpu_idle_fraction", "gpu_idle_ms_per_step", "gpu_util_mean", "wait_p95_ms",
+                 "first_batch_s", "cpu_percent", "process_s", "gap_p50_ms", "gap_p99_ms", "gap_max_ms", "idle_in_gaps_over_5ms_ms")
+
+
 def run_trainer(script: str, extra: list[str], seconds: float) -> dict[str, Any]:
     cmd = [sys.executable, str(REPO / "examples" / script), "--json", "--seconds", str(seconds), *extra]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -262,7 +266,9 @@ def run_trainer(script: str, extra: list[str], seconds: float) -> dict[str, Any]
     return d
 
 
-def trainers(caches: dict[str, Path], workers: list[int], seconds: float, out_dir: Path) -> dict[str, Any]:
+def trainers(caches: dict[str, Path], workers: list[int], seconds: float, out_dir: Path,
+             res: dict[str, Any], save: Callable[[], None]) -> dict[str, Any]:
+    """Every trainer run, filling ``res`` (saved after each run, so a cut-off sweep keeps what it measured)."""
     from train_mel import write_h5_from_cache
 
     h5 = out_dir / "users_mel.h5"
@@ -272,7 +278,6 @@ def trainers(caches: dict[str, Path], workers: list[int], seconds: float, out_di
         "causal-h2048": ("train_causal.py", ["--cache", str(caches["causal"]), "--steps", "10000000", "--batch-size", "16384", "--hidden", "2048"], 16384, 2048),
         "mel": ("train_mel.py", ["--cache", str(caches["mel"]), "--batch-size", "8192", "--width", "128", "--h5", str(h5)], 8192, 128),
     }
-    res: dict[str, Any] = {}
     for kind, (script, args, batch, size) in list(setups.items()):
         res[f"{kind} model step alone ms"] = model_step_ms(kind, batch, size)
         log(f"{kind}: model step alone {res[f'{kind} model step alone ms']:.2f} ms at batch {batch}")
@@ -290,8 +295,8 @@ def trainers(caches: dict[str, Path], workers: list[int], seconds: float, out_di
                     res[key] = {"error": str(exc)[-800:]}
                     log(f"{key}: FAILED {str(exc)[-300:]}")
                     continue
-                res[key] = {"batch": batch, **{k: d.get(k) for k in ("steps", "samples_per_s", "wait_fraction", "gpu_idle_fraction", "gpu_idle_ms_per_step", "gpu_util_mean", "wait_p95_ms", "first_batch_s", "cpu_percent", "process_s",
-                                                          "gap_p50_ms", "gap_p99_ms", "gap_max_ms", "idle_in_gaps_over_5ms_ms")}}
+                res[key] = {"batch": batch, **{k: d.get(k) for k in _TRAINER_KEYS}}
+                save()
                 log(f"{key}: wait {d.get('wait_fraction')}, gpu idle {d.get('gpu_idle_fraction')}, gpu util {d.get('gpu_util_mean')}, samples/s {d.get('samples_per_s')}")
     return res
 
@@ -410,15 +415,20 @@ def main() -> int:
     root.mkdir(parents=True)
     out_dir = Path(args.out).parent if args.out else Path(tempfile.mkdtemp())
     r: dict[str, Any] = {"env": env_info()}
+
+    def save() -> None:
+        if args.out:
+            Path(args.out).write_text(json.dumps(r, indent=1, default=str))
+
     log(f"environment: {r['env']}")
     caches = build_caches(root, 4000 if args.quick else 20000, 1024 if args.quick else 8192)
     jobs = {"h2d": lambda: h2d(caches), "overlap": lambda: overlap(caches, out_dir),
-            "trainers": lambda: trainers(caches, workers, seconds, root), "expand": lambda: expand(caches, max(workers), seconds),
+            "trainers": lambda: trainers(caches, workers, seconds, root, r.setdefault("trainers", {}), save), "expand": lambda: expand(caches, max(workers), seconds),
             "bench_cli": lambda: bench_cli(caches, max(workers))}
     for name in args.sections.split(","):
-        section(r, name, jobs[name])
-        if args.out:
-            Path(args.out).write_text(json.dumps(r, indent=1, default=str))
+        runs = len(workers) * 5 + 6 if name == "trainers" else 1  # the sweep's runs, each ~seconds + 12 s of start-up
+        section(r, name, jobs[name], limit_s=max(420.0, runs * (seconds + 20)))
+        save()
     rows = table(r)
     env = r["env"]
     notes = [f"device {env['device']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['cuda']}), {env['cores']} CPU cores",
