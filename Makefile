@@ -6,11 +6,12 @@ CACHE  ?= cache/causal
 DST    ?=
 GRAPHS ?= 5000
 
-.PHONY: help venv demo test test-fast bench bench-deps gpu-check ramdisk-stage ramdisk-clean clean
+.PHONY: help venv demo test test-fast lint bench bench-deps gpu-check ramdisk-stage ramdisk-clean clean
 
 help:
 	@echo "make demo            venv + install + build a small causal cache ($(GRAPHS) graphs) + verify + inspect"
 	@echo "make test            venv + install + the test suite"
+	@echo "make lint            ruff: errors (unused or undefined names, bad defaults) in every package, test, benchmark and example"
 	@echo "make bench           every benchmark, peers included (appends to benchmarks/RESULTS.md; ~20 min)"
 	@echo "make gpu-check       on a CUDA machine: the gpu tests + benchmarks/bench_gpu.py -> benchmarks/gpu-check/gpu-check.md"
 	@echo "make ramdisk-stage   copy CACHE=$(CACHE) into /dev/shm/cachebuild/<name> and verify it"
@@ -35,6 +36,9 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check cachebuild loaders tests benchmarks examples
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow and not dist"

@@ -25,7 +25,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -421,7 +421,6 @@ def run_bench(
     (default: 10 s), going on into further epochs of a small cache. ``plot``: a
     PNG of the loader's wait per step and throughput (needs matplotlib).
     """
-    import torch
 
     from cachebuild.checks import finite, whole
     from cachebuild.format.manifest import read_manifest

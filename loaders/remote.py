@@ -17,7 +17,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import shutil
 import tempfile
 import threading
 import time

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cachebuild.build import BuildOptions, build_cache
 from cachebuild.build.markers import file_sha256
 from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
 from cachebuild.format import read_manifest
-from cachebuild.testing import ToySource
 from cachebuild.verify import verify_cache
 from conftest import build_toy
 

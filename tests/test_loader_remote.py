@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import threading
 import time
@@ -13,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import torch.multiprocessing as tmp
 
 from cachebuild.errors import RemoteError

@@ -36,7 +36,7 @@ from cachebuild.format.index import INDEX_DTYPE
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
-from cachebuild.format.shard_writer import ShardWriter, WrittenShard, index_name
+from cachebuild.format.shard_writer import ShardWriter, WrittenShard
 
 __all__ = ["BuildOptions", "BuildSummary", "build_cache", "BACKENDS"]
 
