@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from cachebuild import __version__
-from cachebuild.errors import CacheBuildError
+from cachebuild.errors import CacheBuildError, ConfigError
 
 __all__ = ["main"]
 
@@ -50,9 +50,17 @@ def _workers_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel worker processes (default: all cores).")(fn)
 
 
+def _check_cluster_flags(backend: str, scheduler: str | None = None, address: str | None = None) -> None:
+    """A cluster address is only read by its own backend: refuse one that would be silently ignored."""
+    if scheduler is not None and backend != "dask":
+        raise ConfigError(f"--scheduler {scheduler} is a Dask address: add --backend dask (the backend is {backend})")
+    if address is not None and backend not in ("dask", "ray"):
+        raise ConfigError(f"--address {address} is a cluster address: add --backend ray (or dask) (the backend is {backend})")
+
+
 @main.command()
 @click.option("--graphs", "-n", type=int, default=None, help="Number of graphs (records) to build [default: recipe's 'graphs', else 10000].")
-@click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("cache/causal"), show_default=True, help="Cache folder (created).")
+@click.option("--out", "-o", type=str, default="cache/causal", show_default=True, help="Cache folder (created) or fsspec URL (s3://bucket/prefix, file:///path).")
 @click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None, help="TOML recipe (see configs/); flags override it. Default: the built-in defaults, equal to configs/causal-users-2026-01-15.toml (the users' newest generator).")
 @click.option("--seed", type=int, default=None, help="Base seed [default: recipe's, else 0]. Shard i is seeded from (seed, i).")
 @_workers_option
@@ -90,6 +98,7 @@ def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, fa
     """
     from cachebuild.jobs import run_causal_build
 
+    _check_cluster_flags(backend, scheduler=scheduler, address=address)
     values = {
         "seed": seed, "graphs": graphs, "build.codec": codec, "build.level": level, "build.shard_mb": shard_mb,
         "graph.family": family, "graph.n_min": n_min, "graph.n_max": n_max, "graph.edge_prob": edge_prob,
@@ -106,7 +115,7 @@ def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, fa
 @click.option("--from-h5", "from_h5", type=click.Path(path_type=Path, dir_okay=False), default=None, help="HDF5 file in the users' layout (labels, segments_mel and/or segments_waveform, label2id_json).")
 @click.option("--from-wav", "from_wav", type=click.Path(path_type=Path, file_okay=False), default=None, help="Folder of WAV files in label subfolders (LEAK/, NOLEAK/, ...).")
 @click.option("--synthetic", type=int, default=None, metavar="N", help="N synthetic leak / no-leak clips (try the pipeline with no data).")
-@click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("cache/mel"), show_default=True, help="Cache folder (or fsspec URL).")
+@click.option("--out", "-o", type=str, default="cache/mel", show_default=True, help="Cache folder (created) or fsspec URL (s3://bucket/prefix, file:///path).")
 @click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None, help="TOML recipe (see configs/mel-leak.toml; built-in defaults are the same values).")
 @click.option("--seed", type=int, default=None, help="Seed (synthetic clip i depends only on (seed, i)) [default: 0].")
 @_workers_option
@@ -128,14 +137,14 @@ def mel(from_h5, from_wav, synthetic, out, config_path, seed, workers, codec, le
     (float16), optionally the waveform segments, and the file's id, path and mel
     parameters. Parallel, deterministic and resumable like `generate`.
     """
-    from cachebuild.errors import ConfigError
     from cachebuild.jobs import run_mel_build
 
+    _check_cluster_flags(backend, address=address)
     datasets = {}
     for item in h5_datasets:
         role, sep, name = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--h5-dataset {item!r} is not of the form ROLE=NAME (roles: labels, mel, waveform)")
+        if not sep or role.strip() not in ("labels", "mel", "waveform"):
+            raise ConfigError(f"--h5-dataset {item!r}: expected ROLE=NAME with ROLE one of labels, mel, waveform")
         datasets[role.strip()] = name.strip()
     values = {"seed": seed, "build.codec": codec, "build.level": level, "build.shard_mb": shard_mb}
     summary = run_mel_build(config_path, overrides, values, out, from_h5, from_wav, synthetic, datasets or None, workers, backend, address, overwrite, not quiet)

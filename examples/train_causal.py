@@ -118,7 +118,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     monitor = StallMonitor(batch_size=lambda b: int(b[0].shape[0]), sync_cuda=args.sync_cuda, sample_every_s=0.2)
     t0 = time.perf_counter()
-    loss_v = float("nan")
+    loss_v, loss = float("nan"), None
     for step, (row, mask, value, ctx, delta, keep) in enumerate(monitor.wrap(batches)):
         pred = model(row, mask, value, ctx)
         loss = (((pred - delta) ** 2).mean(1) * keep).sum() / keep.sum().clamp(min=1)
@@ -130,6 +130,8 @@ def main() -> None:
             print(f"step {step:5d}  loss {loss_v:.4f}", flush=True)
         if step + 1 >= args.steps or (args.seconds is not None and time.perf_counter() - t0 >= args.seconds):
             break
+    if loss is not None:
+        loss_v = float(loss.detach())  # the last step's loss (not the last printed one)
     summary = monitor.summary()
     monitor.close()
     title = "baseline (users' on-the-fly pipeline)" if args.baseline else "cachebuild twins view"

@@ -175,8 +175,8 @@ def evaluate_baseline(args, model, device, state: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- training
-def train_step(model, opt, x, y, keep, loss_v: float, i: int, label: str) -> float:
-    """One optimiser step on a batch; prints (and syncs for) the loss every 50 steps."""
+def train_step(model, opt, x, y, keep, loss_v: float, i: int, label: str) -> tuple[float, torch.Tensor]:
+    """One optimiser step on a batch; prints (and syncs for) the loss every 50 steps. (last printed loss, this step's loss)"""
     logits = model(x)
     loss = (nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none") * keep).sum() / keep.sum().clamp(min=1)
     opt.zero_grad(set_to_none=True)
@@ -185,7 +185,7 @@ def train_step(model, opt, x, y, keep, loss_v: float, i: int, label: str) -> flo
     if i % 50 == 0:
         loss_v = float(loss.detach())
         print(f"{label}  loss {loss_v:.4f}", flush=True)
-    return loss_v
+    return loss_v, loss.detach()
 
 
 def train_for(args, model, opt, device, feed, title: str, state: dict, t0: float) -> dict:
@@ -196,16 +196,16 @@ def train_for(args, model, opt, device, feed, title: str, state: dict, t0: float
             yield from feed(args, device, epoch, state)
 
     monitor = StallMonitor(batch_size=lambda b: int(b[0].shape[0]), sync_cuda=args.sync_cuda, sample_every_s=0.2)
-    loss_v = float("nan")
+    loss_v, last = float("nan"), None
     it = monitor.wrap(chained())
     for i, (x, y, keep) in enumerate(it):
-        loss_v = train_step(model, opt, x, y, keep, loss_v, i, f"step {i:5d}")
+        loss_v, last = train_step(model, opt, x, y, keep, loss_v, i, f"step {i:5d}")
         if time.perf_counter() - t0 >= args.seconds or (args.steps is not None and i + 1 >= args.steps):
             break
     it.close()
     summary = monitor.summary()
     monitor.close()
-    extra = {"final_loss": loss_v, "total_s": time.perf_counter() - t0, **monitor.gpu_idle_gaps()}
+    extra = {"final_loss": float(last) if last is not None else loss_v, "total_s": time.perf_counter() - t0, **monitor.gpu_idle_gaps()}
     return print_summary(f"{title} on {device}, {args.seconds:g} s", summary, extra)
 
 
@@ -247,14 +247,14 @@ def main() -> None:
         d = train_for(args, model, opt, device, feed, title, state, t0)
     for epoch in range(args.epochs if args.seconds is None else 0):
         monitor = StallMonitor(batch_size=lambda b: int(b[0].shape[0]), sync_cuda=args.sync_cuda, sample_every_s=0.2)
-        loss_v = float("nan")
+        loss_v, last = float("nan"), None
         for i, (x, y, keep) in enumerate(monitor.wrap(feed(args, device, epoch, state))):
-            loss_v = train_step(model, opt, x, y, keep, loss_v, i, f"epoch {epoch} step {i:5d}")
+            loss_v, last = train_step(model, opt, x, y, keep, loss_v, i, f"epoch {epoch} step {i:5d}")
             if args.steps is not None and i + 1 >= args.steps:
                 break
         summary = monitor.summary()
         monitor.close()
-        extra: dict = {"epoch": epoch, "final_loss": loss_v}
+        extra: dict = {"epoch": epoch, "final_loss": float(last) if last is not None else loss_v}
         if not args.no_eval:
             t = time.perf_counter()
             metrics = evaluate_baseline(args, model, device, state) if args.baseline else evaluate_ours(args, model, device)

@@ -55,9 +55,10 @@ def _check_finite(cfg: CausalConfig, delta: np.ndarray) -> None:
     """Refuse a block whose values overflowed float32 (``delta`` holds every world's values)."""
     if not np.isfinite(delta).all():
         mc = cfg.mechanism
+        clip = f"mechanism.clip_value={mc.clip_value}, " if mc.kind != "linear" else ""
         raise ConfigError(
             f"the causal recipe produced non-finite values (mechanism.kind={mc.kind!r}, "
-            f"mechanism.clip_value={mc.clip_value}, graph.n_max={cfg.graph.n_max}, mechanism.w_hi={mc.w_hi}): "
+            f"{clip}graph.n_max={cfg.graph.n_max}, mechanism.w_hi={mc.w_hi}): "
             "values overflowed float32; lower mechanism.w_hi, graph.n_max or interventions.value_scale, "
             "or use the nonlinear mechanism with clips"
         )

@@ -72,6 +72,7 @@ class H5Source:
         self.path = str(path)
         self.requested_cfg = self.cfg = cfg
         self.datasets = {**H5_DEFAULT_DATASETS, **(datasets or {})}
+        self._named = {role for role, name in (datasets or {}).items() if name}  # roles the user named explicitly
         self._file: Any = None
         self._pid: int | None = None
         try:
@@ -151,6 +152,8 @@ class H5Source:
 
     def _dataset(self, f: Any, role: str) -> str | None:
         name = self.datasets.get(role)  # None or "" (``--h5-dataset mel=``): ignore the role
+        if name and role in self._named and name not in f:  # a typo must not silently fall back to another dataset
+            raise SourceError(f"{self.path}: no dataset '{name}' (--h5-dataset {role}={name}); the file has: {', '.join(sorted(f.keys()))}")
         return name if name and name in f else None
 
     def _resolve_labels(

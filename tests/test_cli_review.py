@@ -1,0 +1,76 @@
+"""Problems a reviewer hit as a new user: URLs in --out, ignored cluster flags, HDF5 dataset typos, noisy refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cachebuild.cli import main
+
+
+def _run(args: list[str], cwd: Path):
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(main, args, catch_exceptions=False)
+    finally:
+        os.chdir(old)
+
+
+@pytest.mark.parametrize("cmd", [["generate", "--graphs", "20"], ["mel", "--synthetic", "6"]])
+def test_out_url_is_not_folded_into_a_local_folder(tmp_path, cmd):
+    """click.Path used to turn file:///x into ./file:/x and report success."""
+    target = tmp_path / "target" / "c"
+    work = tmp_path / "work"
+    work.mkdir()
+    r = _run([*cmd, "--out", f"file://{target}", "-q", "-j", "1"], work)
+    assert r.exit_code == 0, r.output
+    assert (target / "manifest.json").exists()
+    assert list(work.iterdir()) == []  # nothing landed in the working directory
+
+
+@pytest.mark.parametrize("args,flag", [(["--scheduler", "tcp://127.0.0.1:1"], "--scheduler"), (["--address", "auto"], "--address")])
+def test_a_cluster_address_without_its_backend_is_refused(tmp_path, args, flag):
+    r = _run(["generate", "--graphs", "20", "--out", str(tmp_path / "c"), "-q", *args], tmp_path)
+    assert r.exit_code == 2 and flag in r.output and "--backend" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "c").exists()
+
+
+def _h5(path: Path) -> None:
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("labels", data=np.array([0, 1, 0, 1], dtype=np.int16))
+        f.create_dataset("segments_waveform", data=(rng.standard_normal((4, 40, 2, 512)) * 0.05).astype(np.float32))
+        f.create_dataset("segments_mel", data=np.zeros((4, 40, 2, 64, 1), np.float16))
+        f.attrs["label2id_json"] = json.dumps({"LEAK": 0, "NOLEAK": 1})
+
+
+def test_a_misspelt_hdf5_dataset_is_refused_not_replaced(tmp_path):
+    """--h5-dataset mel=typo used to recompute the mels from the waveforms without a word."""
+    _h5(tmp_path / "u.h5")
+    r = _run(["mel", "--from-h5", str(tmp_path / "u.h5"), "--h5-dataset", "mel=segments_mell", "--out", str(tmp_path / "c"), "-q"], tmp_path)
+    assert r.exit_code != 0 and "segments_mell" in r.output and "segments_mel" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    r = _run(["mel", "--from-h5", str(tmp_path / "u.h5"), "--h5-dataset", "spectra=x", "--out", str(tmp_path / "c"), "-q"], tmp_path)
+    assert r.exit_code == 2 and "labels, mel, waveform" in r.output
+
+
+def test_an_overflowing_recipe_is_refused_in_one_line_without_numpy_warnings(tmp_path):
+    args = ["generate", "--graphs", "40", "--out", str(tmp_path / "c"), "-q", "-j", "1", "--mechanism", "linear", "--n-min", "40", "--n-max", "60",
+            "--set", "mechanism.weights=signed_uniform", "--set", "mechanism.w_lo=90", "--set", "mechanism.w_hi=100", "--set", "graph.family=er",
+            "--set", "graph.expected_degree=30"]
+    # a real process: pytest would capture numpy's RuntimeWarnings that a user sees on stderr
+    r = subprocess.run([sys.executable, "-c", "from cachebuild.cli import main; main()", *args], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    assert r.returncode == 2, r.stderr
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert len(lines) == 1 and "non-finite" in lines[0] and "clip_value" not in lines[0], r.stderr
