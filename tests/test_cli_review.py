@@ -74,3 +74,23 @@ def test_an_overflowing_recipe_is_refused_in_one_line_without_numpy_warnings(tmp
     assert r.returncode == 2, r.stderr
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert len(lines) == 1 and "non-finite" in lines[0] and "clip_value" not in lines[0], r.stderr
+
+
+def test_an_output_server_that_refuses_writes_gives_one_line(tmp_path):
+    """An http:// output whose server has no PUT (python's http.server answers 501): one line, exit 5, no traceback."""
+    pytest.importorskip("aiohttp")
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/nowhere/c"
+        r = subprocess.run([sys.executable, "-c", "from cachebuild.cli import main; main()", "build", "--config",
+                            str(Path(__file__).resolve().parents[1] / "configs" / "causal-linear.toml"), "--records", "20", "--out", url, "-q", "-j", "1"],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    finally:
+        server.shutdown()
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 5 and len(lines) == 1 and url in lines[0] and "Traceback" not in r.stderr, r.stderr[-2000:]

@@ -9,6 +9,7 @@ object store's PUT is atomic, so a reader never sees half a shard.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.build.markers import file_sha256, read_json, write_json
-from cachebuild.errors import OutputError
+from cachebuild.errors import CacheBuildError, OutputError
 
 __all__ = ["Output", "LocalOutput", "RemoteOutput", "open_output", "is_url"]
 
@@ -74,6 +75,30 @@ class LocalOutput:
             return None
 
 
+def _remote_errors(cls: type) -> type:
+    """Turn any failure of the storage client (botocore, aiohttp, fsspec: unreachable endpoint,
+    denied, 501 from a server without PUT, ...) into one ``OutputError`` line naming the URL,
+    instead of a page of client traceback."""
+
+    def wrap(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def method(self: "RemoteOutput", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(self, *args, **kwargs)
+            except CacheBuildError:
+                raise
+            except Exception as exc:  # a storage client's own exception types
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                raise OutputError(f"cannot use the output {self.location} ({fn.__name__}): {type(exc).__name__}: {first}") from exc
+
+        return method
+
+    for name in ("publish", "names", "read_json", "write_bytes", "read_bytes", "remove", "size", "sha256"):
+        setattr(cls, name, wrap(getattr(cls, name)))
+    return cls
+
+
+@_remote_errors
 class RemoteOutput:
     """A cache under an fsspec URL; shards are staged locally, then uploaded whole."""
 
