@@ -57,6 +57,17 @@ def test_rerun_and_refusal(small_cache):
     assert r.exit_code == 0 and "nothing to do" in r.output
     r = CliRunner().invoke(main, ["generate", "--graphs", "600", "--out", str(small_cache), "--shard-mb", "4", "--seed", "9", "-q"])
     assert r.exit_code == 4 and "--overwrite" in r.output and "Traceback" not in r.output
+    assert "seed: cache 0, this build 9" in r.output and len(r.output.strip().splitlines()) == 1
+    assert verify_cache(small_cache).ok
+
+
+def test_refusal_names_the_differing_config_key_and_codec(small_cache):
+    args = ["generate", "--graphs", "600", "--out", str(small_cache), "--shard-mb", "4", "-q"]
+    r = CliRunner().invoke(main, [*args, "--set", "graph.n_max=12"])
+    assert r.exit_code == 4 and "config.graph.n_max: cache 10, this build 12" in r.output
+    assert "seed" not in r.output.split("(")[1]  # only what differs
+    r = CliRunner().invoke(main, [*args, "--codec", "none"])
+    assert r.exit_code == 4 and "codec.name: cache 'zstd', this build 'none'" in r.output
     assert verify_cache(small_cache).ok
 
 
