@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,9 +33,21 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: str | None = None) -> None:
+    """Print a warning as ``warning: <message>`` on stderr: no source file, line number or code line."""
+    click.echo("warning: " + " ".join(str(message).split()), err=True)
+
+
+def _install_one_line_warnings(ctx: click.Context) -> None:
+    """One-line warnings for the command's duration only (library users keep Python's format)."""
+    ctx.with_resource(warnings.catch_warnings())
+    warnings.showwarning = _one_line_warning
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="cachebuild")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Pre-generate training data into zstd-compressed tar shards, offline and in parallel,
     and check, inspect or benchmark the caches.
 
@@ -44,6 +57,7 @@ def main() -> None:
       cachebuild verify cache/causal               # checksums + decode every record
       cachebuild inspect cache/causal              # sizes, schemas, one record
     """
+    _install_one_line_warnings(ctx)
 
 
 def _workers_option(fn: Callable[..., Any]) -> Callable[..., Any]:

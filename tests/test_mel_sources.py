@@ -401,3 +401,30 @@ def test_synthetic_label_mapping_must_name_both_classes():
         SyntheticSource(1, MelConfig(labels=(("A", 0), ("B", 1))), 0)
     with pytest.raises(ConfigError, match="n_files"):
         SyntheticSource(-1, CFG, 0)
+
+
+def test_cli_prints_skipped_files_as_one_clean_warning_line(wav_root, tmp_path):
+    import subprocess
+
+    out = tmp_path / "cache"
+    r = subprocess.run([sys.executable, "-m", "cachebuild.cli", "mel", "--from-wav", str(wav_root), "--out", str(out), "-j", "1", "-q"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    warned = [line for line in lines if line.startswith("warning: skipping bad WAV file:")]
+    assert len(warned) == 3 and all(any(name in line for line in warned) for name in BAD)
+    assert lines == warned  # no 'file.py:NN: BadFileWarning' prefix, no source line
+    assert "Warning:" not in r.stderr and ".py:" not in r.stderr
+
+
+def test_cli_warning_format_does_not_leak_into_the_library(wav_root, tmp_path):
+    import warnings
+
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    before = warnings.showwarning
+    r = CliRunner().invoke(main, ["mel", "--from-wav", str(wav_root), "--out", str(tmp_path / "c"), "-j", "1", "-q"])
+    assert r.exit_code == 0 and "warning: skipping bad WAV file:" in r.output
+    assert warnings.showwarning is before
