@@ -50,6 +50,11 @@ __all__ = [
 ]
 
 # ------------------------------------------------------------------ WAV folder
+# Audio files we cannot decode (only WAV is read): listed as skipped, never silently ignored.
+_AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma",
+                             ".aif", ".aiff", ".aifc", ".au", ".snd", ".caf", ".w64", ".webm", ".amr"})
+
+
 class WavFolderSource:
     """``root/<LABEL>/*.wav``: label subfolders sorted by name, files sorted by name.
 
@@ -61,8 +66,10 @@ class WavFolderSource:
     record numbering are fixed from then on), with ``"error"`` a SourceError
     names it. A file that passes the scan but cannot be decoded later (changed
     on disk) is a SourceError whatever the policy, since skipping it then would
-    shift record numbers. Only ``*.wav`` files (any case) are considered;
-    hidden files and folders are ignored.
+    shift record numbers. Only ``*.wav`` files (any case) are read; other
+    audio files (``.flac``, ``.mp3``, ``.ogg``, ...) are bad files too
+    ("unsupported format; convert it to WAV"), so they appear in the skipped
+    list; hidden files, folders and non-audio files are ignored.
     """
 
     kind = "wav"
@@ -85,17 +92,19 @@ class WavFolderSource:
         self.skipped: list[dict[str, str]] = []
         for name in folders:
             for path in sorted((p for p in (self.root / name).iterdir()
-                                if p.suffix.lower() == ".wav" and not p.name.startswith(".")
+                                if p.suffix.lower() in _AUDIO_SUFFIXES and not p.name.startswith(".")
                                 and p.is_file()), key=lambda p: p.name):
                 self._scan(path, name)
 
     def _scan(self, path: Path, label_name: str) -> None:
         try:
+            if path.suffix.lower() != ".wav":
+                raise SourceError(f"{path}: unsupported format ({path.suffix.lower()}); convert it to WAV")
             info = check_wav(path, self.cfg)
         except SourceError as exc:
             if self.cfg.on_bad_file == "error":
                 raise
-            warnings.warn(f"skipping bad WAV file: {exc}", BadFileWarning, stacklevel=3)
+            warnings.warn(f"skipping bad audio file: {exc}", BadFileWarning, stacklevel=3)
             self.skipped.append({"path": path.relative_to(self.root).as_posix(),
                                  "reason": str(exc)})
             return
