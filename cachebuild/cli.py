@@ -11,6 +11,7 @@ from typing import Any, Callable
 import click
 
 from cachebuild import __version__
+from cachebuild.causal.config import FAMILIES, MECHANISMS, NOISE_CHOICES
 from cachebuild.errors import CacheBuildError
 
 __all__ = ["main"]
@@ -73,12 +74,12 @@ def _workers_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec: zstd, or none (raw, for tmpfs) [default: zstd].")
 @click.option("--level", type=int, default=None, help="zstd level [default: 1: as small as level 3 on causal data, faster].")
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
-@click.option("--family", type=click.Choice(["topo", "er", "scale_free"]), default=None, help="Graph family (graph.family).")
+@click.option("--family", type=click.Choice(FAMILIES), default=None, help="Graph family (graph.family).")
 @click.option("--n-min", type=int, default=None, help="Smallest graph size (graph.n_min).")
 @click.option("--n-max", type=int, default=None, help="Largest graph size (graph.n_max).")
 @click.option("--edge-prob", type=float, default=None, help="Edge probability for the topo family (graph.edge_prob).")
-@click.option("--mechanism", type=str, default=None, help="linear or nonlinear (mechanism.kind).")
-@click.option("--noise", type=str, default=None, help="normal, laplace, gumbel, cauchy, uniform or mixed (noise.kind).")
+@click.option("--mechanism", type=click.Choice(MECHANISMS), default=None, help="Edge functions (mechanism.kind).")
+@click.option("--noise", type=click.Choice(NOISE_CHOICES), default=None, help="Noise distribution; mixed draws one of noise.kinds per graph (noise.kind).")
 @click.option("--samples", type=int, default=None, help="Rows per world: base and each intervention (samples.base).")
 @click.option("--twin/--no-twin", default=None, help="Intervened rows share the base rows' noise (default) or draw fresh noise.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set interventions.intervention_prob=0.3 (repeatable).")

@@ -163,3 +163,15 @@ def test_one_shard_is_singular_and_a_raw_ratio_says_why(tmp_path):
     assert "1 shard verified" in r.output
     r = _run(["inspect", str(out)])
     assert "in 1 shard (" in r.output and "tar headers and padding" in r.output
+
+
+@pytest.mark.parametrize("flag, typo, valid", [("--noise", "gausian", "NOISE_CHOICES"), ("--mechanism", "nonlin", "MECHANISMS"), ("--family", "erdos", "FAMILIES")])
+def test_choice_flags_come_from_the_library_constants(tmp_path, flag, typo, valid):
+    from cachebuild.causal import config
+
+    choices = getattr(config, valid)
+    r = CliRunner().invoke(main, ["generate", "--graphs", "10", "--out", str(tmp_path / "c"), flag, typo, "-q"])
+    assert r.exit_code == 2 and f"Invalid value for '{flag}': '{typo}' is not one of" in r.output
+    assert ", ".join(f"'{c}'" for c in choices) in r.output and not (tmp_path / "c").exists()
+    param = next(p for p in main.commands["generate"].params if p.opts[0] == flag)
+    assert tuple(param.type.choices) == choices
