@@ -113,7 +113,9 @@ def test_sizes() -> None:
 _bad = [
     ({"graph": {"n_min": 0}}, "graph.n_min"),
     ({"graph": {"n_min": 1}}, "graph.n_min"),
-    ({"graph": {"n_min": 6, "n_max": 5}}, "graph.n_max"),
+    ({"graph": {"n_min": 6, "n_max": 5}}, r"'graph.n_min' \(6\) and 'graph.n_max' \(5\)"),
+    ({"graph": {"n_min": 12}}, r"'graph.n_min' has invalid value 12: must be <= graph.n_max \(10, the default\)"),
+    ({"graph": {"n_max": 4}}, r"'graph.n_max' has invalid value 4: must be >= graph.n_min \(5, the default\)"),
     ({"graph": {"n_min": 5.0}}, "graph.n_min"),
     ({"graph": {"edge_prob": 1.5}}, "graph.edge_prob"),
     ({"graph": {"edge_prob": -0.1}}, "graph.edge_prob"),

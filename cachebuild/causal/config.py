@@ -194,13 +194,22 @@ class CausalConfig:
 # ---------------------------------------------------------------- parsing
 
 
+def _size_order_error(n_min: int, n_max: int, given: set[str]) -> ConfigError:
+    """n_max < n_min: blame the key the recipe or flags set, naming both values."""
+    if "n_min" in given and "n_max" not in given:
+        return ConfigError.bad_value("graph.n_min", n_min, f"must be <= graph.n_max ({n_max}, the default): lower it or set graph.n_max too")
+    if "n_max" in given and "n_min" not in given:
+        return ConfigError.bad_value("graph.n_max", n_max, f"must be >= graph.n_min ({n_min}, the default): raise it or set graph.n_min too")
+    return ConfigError(f"config keys 'graph.n_min' ({n_min}) and 'graph.n_max' ({n_max}): n_min must be <= n_max")
+
+
 def _parse_graph(data: Mapping[str, Any]) -> GraphConfig:
     r = v.table(data, "graph", GraphConfig)
     family = v.choice("graph.family", r["family"], FAMILIES)
     n_min = v.integer("graph.n_min", r["n_min"], 2, _MAX_NODES)
     n_max = v.integer("graph.n_max", r["n_max"], 2, _MAX_NODES)
     if n_max < n_min:
-        raise ConfigError.bad_value("graph.n_max", n_max, f"must be >= graph.n_min ({n_min})")
+        raise _size_order_error(n_min, n_max, r["_given"])
     edge_prob = v.prob("graph.edge_prob", r["edge_prob"])
     deg = v.number("graph.expected_degree", r["expected_degree"], 0.0, float(_MAX_NODES))
     if family == "er" and deg > n_min - 1:
