@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachebuild.causal import EDGE_FUNCTIONS, NOISE_KINDS, CausalConfig, parse_causal_config
+from cachebuild.causal.config import SampleConfig
 from cachebuild.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -266,3 +267,12 @@ def test_recipe_file_error_through_the_cli(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["generate", "--config", str(bad), "--graphs", "5", "--out", str(tmp_path / "o"), "-q"])
     assert r.exit_code == 2
     assert "'mechanism.clip_value'" in r.output and "1000000000.0" in r.output and "(0, 1e+06]" in r.output
+
+
+def test_samples_base_alone_is_enough_and_differing_pair_names_both_keys() -> None:
+    assert parse_causal_config({"samples": {"base": 32}}).samples.per_intervention == 32
+    assert parse_causal_config({"samples": {"base": 32, "per_intervention": 32}}).samples.per_intervention == 32
+    assert SampleConfig(base=16).per_intervention == 16 and SampleConfig() == SampleConfig(64, 64)
+    with pytest.raises(ConfigError) as info:
+        parse_causal_config({"samples": {"base": 32, "per_intervention": 64}})
+    assert "'samples.base' (32) and 'samples.per_intervention' (64) differ" in str(info.value)

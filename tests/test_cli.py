@@ -178,3 +178,12 @@ def test_choice_flags_come_from_the_library_constants(tmp_path, flag, typo, vali
     assert ", ".join(f"'{c}'" for c in choices) in r.output and not (tmp_path / "c").exists()
     param = next(p for p in main.commands["generate"].params if p.opts[0] == flag)
     assert tuple(param.type.choices) == choices
+
+
+def test_samples_base_alone_builds_and_a_differing_pair_is_refused(tmp_path):
+    r = CliRunner().invoke(main, ["generate", "--graphs", "20", "--out", str(tmp_path / "c"), "-j", "1", "-q", "--set", "samples.base=8"])
+    assert r.exit_code == 0, r.output
+    m = read_manifest(tmp_path / "c")
+    assert m.config["samples"]["base"] == m.config["samples"]["per_intervention"] == 8
+    r = CliRunner().invoke(main, ["generate", "--graphs", "20", "--out", str(tmp_path / "d"), "-q", "--set", "samples.base=8", "--set", "samples.per_intervention=16"])
+    assert r.exit_code == 2 and "error: config keys 'samples.base' (8) and 'samples.per_intervention' (16) differ" in r.output
