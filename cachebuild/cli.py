@@ -119,7 +119,7 @@ def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, fa
 
 @main.command()
 @click.option("--from-h5", "from_h5", type=click.Path(path_type=Path, dir_okay=False), default=None, help="HDF5 file in the users' layout (labels, segments_mel and/or segments_waveform, label2id_json).")
-@click.option("--from-wav", "from_wav", type=click.Path(path_type=Path, file_okay=False), default=None, help="Folder of WAV files in label subfolders (LEAK/, NOLEAK/, ...).")
+@click.option("--from-wav", "from_wav", type=click.Path(path_type=Path, file_okay=False), default=None, help="Folder of WAV files in label subfolders (LEAK/, NOLEAK/, ...); .flac/.ogg/.mp3 too when soundfile is installed.")
 @click.option("--synthetic", type=int, default=None, metavar="N", help="N synthetic leak / no-leak clips (try the pipeline with no data).")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=Path("cache/mel"), show_default=True, help="Cache folder (or fsspec URL).")
 @click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None, help="TOML recipe (see configs/mel-leak.toml; built-in defaults are the same values).")

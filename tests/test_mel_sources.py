@@ -458,3 +458,29 @@ def test_cli_names_a_skipped_flac_on_one_line(wav_root, tmp_path):
     assert r.exit_code == 0, r.output
     flac = [line for line in r.output.splitlines() if "f_song.flac" in line]
     assert len(flac) == 1 and flac[0].startswith("warning: skipping bad audio file:") and "convert it to WAV" in flac[0]
+
+
+def test_flac_is_read_through_soundfile_like_the_same_samples_as_wav(tmp_path):
+    sf = pytest.importorskip("soundfile")
+    root = tmp_path / "data"
+    (root / "A").mkdir(parents=True)
+    truth = write_pcm(root / "A" / "a.wav", np.repeat(_clip(7), 2, axis=1), 16)  # stereo 16-bit
+    ints = np.round(truth * 32768).astype(np.int16)
+    sf.write(root / "A" / "b.flac", ints, CFG.sample_rate, subtype="PCM_16")
+    src = WavFolderSource(root, CFG)
+    assert len(src) == 2 and src.skipped == []
+    a, b = src.records(0, 2)
+    assert b["json"]["path"] == "A/b.flac"
+    np.testing.assert_array_equal(a["mel"], b["mel"])
+    assert src.describe()["libsndfile"] == sf.__libsndfile_version__
+
+
+def test_without_soundfile_other_formats_say_how_to_read_them(wav_root, monkeypatch):
+    import cachebuild.mel.other_audio as other
+
+    monkeypatch.setattr(other, "_soundfile", lambda: None)  # as if soundfile were not installed
+    (wav_root / "LEAK" / "f_song.flac").write_bytes(b"fLaC" + bytes(38))
+    with pytest.warns(BadFileWarning):
+        src = WavFolderSource(wav_root, CFG)
+    reasons = {s["path"]: s["reason"] for s in src.skipped}
+    assert reasons["LEAK/f_song.flac"].endswith("f_song.flac: unsupported format (.flac); convert it to WAV or install soundfile")
