@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
 from cachebuild import __version__
+from cachebuild.causal.config import FAMILIES, MECHANISMS, NOISE_CHOICES
 from cachebuild.errors import CacheBuildError, ConfigError
 
 __all__ = ["main"]
@@ -32,9 +34,21 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: str | None = None) -> None:
+    """Print a warning as ``warning: <message>`` on stderr: no source file, line number or code line."""
+    click.echo("warning: " + " ".join(str(message).split()), err=True)
+
+
+def _install_one_line_warnings(ctx: click.Context) -> None:
+    """One-line warnings for the command's duration only (library users keep Python's format)."""
+    ctx.with_resource(warnings.catch_warnings())
+    warnings.showwarning = _one_line_warning
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="cachebuild")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Pre-generate training data into zstd-compressed tar shards, offline and in parallel,
     and check, inspect or benchmark the caches.
 
@@ -44,6 +58,7 @@ def main() -> None:
       cachebuild verify cache/causal               # checksums + decode every record
       cachebuild inspect cache/causal              # sizes, schemas, one record
     """
+    _install_one_line_warnings(ctx)
 
 
 def _workers_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,12 +82,12 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec: zstd, or none (raw, for tmpfs) [default: zstd].")
 @click.option("--level", type=int, default=None, help="zstd level [default: 1: as small as level 3 on causal data, faster].")
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
-@click.option("--family", type=click.Choice(["topo", "er", "scale_free"]), default=None, help="Graph family (graph.family).")
+@click.option("--family", type=click.Choice(FAMILIES), default=None, help="Graph family (graph.family).")
 @click.option("--n-min", type=int, default=None, help="Smallest graph size (graph.n_min).")
 @click.option("--n-max", type=int, default=None, help="Largest graph size (graph.n_max).")
 @click.option("--edge-prob", type=float, default=None, help="Edge probability for the topo family (graph.edge_prob).")
-@click.option("--mechanism", type=str, default=None, help="linear or nonlinear (mechanism.kind).")
-@click.option("--noise", type=str, default=None, help="normal, laplace, gumbel, cauchy, uniform or mixed (noise.kind).")
+@click.option("--mechanism", type=click.Choice(MECHANISMS), default=None, help="Edge functions (mechanism.kind).")
+@click.option("--noise", type=click.Choice(NOISE_CHOICES), default=None, help="Noise distribution; mixed draws one of noise.kinds per graph (noise.kind).")
 @click.option("--samples", type=int, default=None, help="Rows per world: base and each intervention (samples.base).")
 @click.option("--twin/--no-twin", default=None, help="Intervened rows share the base rows' noise (default) or draw fresh noise.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set interventions.intervention_prob=0.3 (repeatable).")
@@ -113,7 +128,7 @@ def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, fa
 
 @main.command()
 @click.option("--from-h5", "from_h5", type=click.Path(path_type=Path, dir_okay=False), default=None, help="HDF5 file in the users' layout (labels, segments_mel and/or segments_waveform, label2id_json).")
-@click.option("--from-wav", "from_wav", type=click.Path(path_type=Path, file_okay=False), default=None, help="Folder of WAV files in label subfolders (LEAK/, NOLEAK/, ...).")
+@click.option("--from-wav", "from_wav", type=click.Path(path_type=Path, file_okay=False), default=None, help="Folder of WAV files in label subfolders (LEAK/, NOLEAK/, ...); .flac/.ogg/.mp3 too when soundfile is installed.")
 @click.option("--synthetic", type=int, default=None, metavar="N", help="N synthetic leak / no-leak clips (try the pipeline with no data).")
 @click.option("--out", "-o", type=str, default="cache/mel", show_default=True, help="Cache folder (created) or fsspec URL (s3://bucket/prefix, file:///path).")
 @click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None, help="TOML recipe (see configs/mel-leak.toml; built-in defaults are the same values).")

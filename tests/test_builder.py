@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cachebuild.build.markers import file_sha256
+from cachebuild.build.markers import BUILD_RECORD, file_sha256
+from cachebuild.build.mismatch import fingerprint_doc_of_manifest
 from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
 from cachebuild.format import read_manifest
 from cachebuild.verify import verify_cache
@@ -55,11 +57,27 @@ def test_resume_rebuilds_only_broken_shards_same_bytes(tmp_path, toy_cache):
 
 def test_other_config_refused_then_overwritten(tmp_path):
     build_toy(tmp_path / "c", seed=0)
-    with pytest.raises(CacheMismatchError, match="--overwrite"):
+    with pytest.raises(CacheMismatchError, match="--overwrite") as refused:
         build_toy(tmp_path / "c", seed=1)
+    assert "(seed: cache 0, this build 1)" in str(refused.value)
     assert verify_cache(tmp_path / "c").ok  # untouched
     summary = build_toy(tmp_path / "c", seed=1, overwrite=True)
     assert summary.built == summary.shards and read_manifest(tmp_path / "c").seed == 1
+
+
+def test_unfinished_build_refusal_names_records_and_block_numpy_keys(tmp_path, toy_cache):
+    root = tmp_path / "c"
+    shutil.copytree(toy_cache, root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    (root / "manifest.json").unlink()  # an unfinished build: only its build record says what it was
+    doc = fingerprint_doc_of_manifest(manifest)
+    doc.update(records=500, determinism={"block_records": 64, "numpy": "1.0"})
+    (root / BUILD_RECORD).write_text(json.dumps({"fingerprint": "0" * 64, "doc": doc}))
+    with pytest.raises(CacheMismatchError) as refused:
+        build_toy(root)
+    msg = str(refused.value)
+    assert "records: cache 500, this build 600" in msg and "determinism.numpy: cache '1.0', this build" in msg
+    assert "determinism.block_records: cache 64, this build" in msg
 
 
 def test_bad_outputs(tmp_path):

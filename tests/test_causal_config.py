@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachebuild.causal import EDGE_FUNCTIONS, NOISE_KINDS, CausalConfig, parse_causal_config
+from cachebuild.causal.config import SampleConfig
 from cachebuild.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -110,10 +111,23 @@ def test_sizes() -> None:
     assert 25_000 < cfg.estimated_record_bytes() < 35_000
 
 
+@pytest.mark.parametrize("graph, message", [
+    ({"n_min": 12}, "config key 'graph.n_min' has invalid value 12: must be <= graph.n_max (10, the default)"),
+    ({"n_max": 4}, "config key 'graph.n_max' has invalid value 4: must be >= graph.n_min (5, the default)"),
+    ({"n_min": 6, "n_max": 5}, "config keys 'graph.n_min' (6) and 'graph.n_max' (5): n_min must be <= n_max"),
+])
+def test_size_order_blames_the_key_that_was_set(graph: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_causal_config({"graph": graph})
+    assert str(info.value).startswith(message)
+
+
 _bad = [
     ({"graph": {"n_min": 0}}, "graph.n_min"),
     ({"graph": {"n_min": 1}}, "graph.n_min"),
     ({"graph": {"n_min": 6, "n_max": 5}}, "graph.n_max"),
+    ({"graph": {"n_min": 12}}, "graph.n_min"),
+    ({"graph": {"n_max": 4}}, "graph.n_max"),
     ({"graph": {"n_min": 5.0}}, "graph.n_min"),
     ({"graph": {"edge_prob": 1.5}}, "graph.edge_prob"),
     ({"graph": {"edge_prob": -0.1}}, "graph.edge_prob"),
@@ -253,3 +267,12 @@ def test_recipe_file_error_through_the_cli(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["generate", "--config", str(bad), "--graphs", "5", "--out", str(tmp_path / "o"), "-q"])
     assert r.exit_code == 2
     assert "'mechanism.clip_value'" in r.output and "1000000000.0" in r.output and "(0, 1e+06]" in r.output
+
+
+def test_samples_base_alone_is_enough_and_differing_pair_names_both_keys() -> None:
+    assert parse_causal_config({"samples": {"base": 32}}).samples.per_intervention == 32
+    assert parse_causal_config({"samples": {"base": 32, "per_intervention": 32}}).samples.per_intervention == 32
+    assert SampleConfig(base=16).per_intervention == 16 and SampleConfig() == SampleConfig(64, 64)
+    with pytest.raises(ConfigError) as info:
+        parse_causal_config({"samples": {"base": 32, "per_intervention": 64}})
+    assert "'samples.base' (32) and 'samples.per_intervention' (64) differ" in str(info.value)

@@ -57,6 +57,17 @@ def test_rerun_and_refusal(small_cache):
     assert r.exit_code == 0 and "nothing to do" in r.output
     r = CliRunner().invoke(main, ["generate", "--graphs", "600", "--out", str(small_cache), "--shard-mb", "4", "--seed", "9", "-q"])
     assert r.exit_code == 4 and "--overwrite" in r.output and "Traceback" not in r.output
+    assert "seed: cache 0, this build 9" in r.output and len(r.output.strip().splitlines()) == 1
+    assert verify_cache(small_cache).ok
+
+
+def test_refusal_names_the_differing_config_key_and_codec(small_cache):
+    args = ["generate", "--graphs", "600", "--out", str(small_cache), "--shard-mb", "4", "-q"]
+    r = CliRunner().invoke(main, [*args, "--set", "graph.n_max=12"])
+    assert r.exit_code == 4 and "config.graph.n_max: cache 10, this build 12" in r.output
+    assert "seed" not in r.output.split("(")[1]  # only what differs
+    r = CliRunner().invoke(main, [*args, "--codec", "none"])
+    assert r.exit_code == 4 and "codec.name: cache 'zstd', this build 'none'" in r.output
     assert verify_cache(small_cache).ok
 
 
@@ -66,8 +77,11 @@ def test_rerun_and_refusal(small_cache):
         (["--graphs", "0"], "graphs", 2),
         (["--graphs", "-5"], "graphs", 2),
         (["--edge-prob", "1.5"], "graph.edge_prob", 2),
-        (["--mechanism", "quantum"], "mechanism.kind", 2),
-        (["--noise", "pink"], "noise.kind", 2),
+        (["--set", "mechanism.kind=quantum"], "mechanism.kind", 2),
+        (["--set", "noise.kind=pink"], "noise.kind", 2),
+        (["--n-min", "12"], "config key 'graph.n_min' has invalid value 12: must be <= graph.n_max (10, the default)", 2),
+        (["--n-max", "4"], "config key 'graph.n_max' has invalid value 4: must be >= graph.n_min (5, the default)", 2),
+        (["--n-min", "12", "--n-max", "11"], "config keys 'graph.n_min' (12) and 'graph.n_max' (11)", 2),
         (["--set", "graph.n_min=0"], "graph.n_min", 2),
         (["--set", "graph.colour=3"], "graph.colour", 2),
         (["--config", "/nonexistent/recipe.toml"], "does not exist", 2),
@@ -152,3 +166,24 @@ def test_one_shard_is_singular_and_a_raw_ratio_says_why(tmp_path):
     assert "1 shard verified" in r.output
     r = _run(["inspect", str(out)])
     assert "in 1 shard (" in r.output and "tar headers and padding" in r.output
+
+
+@pytest.mark.parametrize("flag, typo, valid", [("--noise", "gausian", "NOISE_CHOICES"), ("--mechanism", "nonlin", "MECHANISMS"), ("--family", "erdos", "FAMILIES")])
+def test_choice_flags_come_from_the_library_constants(tmp_path, flag, typo, valid):
+    from cachebuild.causal import config
+
+    choices = getattr(config, valid)
+    r = CliRunner().invoke(main, ["generate", "--graphs", "10", "--out", str(tmp_path / "c"), flag, typo, "-q"])
+    assert r.exit_code == 2 and f"Invalid value for '{flag}': '{typo}' is not one of" in r.output
+    assert ", ".join(f"'{c}'" for c in choices) in r.output and not (tmp_path / "c").exists()
+    param = next(p for p in main.commands["generate"].params if p.opts[0] == flag)
+    assert tuple(param.type.choices) == choices
+
+
+def test_samples_base_alone_builds_and_a_differing_pair_is_refused(tmp_path):
+    r = CliRunner().invoke(main, ["generate", "--graphs", "20", "--out", str(tmp_path / "c"), "-j", "1", "-q", "--set", "samples.base=8"])
+    assert r.exit_code == 0, r.output
+    m = read_manifest(tmp_path / "c")
+    assert m.config["samples"]["base"] == m.config["samples"]["per_intervention"] == 8
+    r = CliRunner().invoke(main, ["generate", "--graphs", "20", "--out", str(tmp_path / "d"), "-q", "--set", "samples.base=8", "--set", "samples.per_intervention=16"])
+    assert r.exit_code == 2 and "error: config keys 'samples.base' (8) and 'samples.per_intervention' (16) differ" in r.output

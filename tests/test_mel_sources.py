@@ -401,3 +401,86 @@ def test_synthetic_label_mapping_must_name_both_classes():
         SyntheticSource(1, MelConfig(labels=(("A", 0), ("B", 1))), 0)
     with pytest.raises(ConfigError, match="n_files"):
         SyntheticSource(-1, CFG, 0)
+
+
+def test_cli_prints_skipped_files_as_one_clean_warning_line(wav_root, tmp_path):
+    import subprocess
+
+    out = tmp_path / "cache"
+    r = subprocess.run([sys.executable, "-m", "cachebuild.cli", "mel", "--from-wav", str(wav_root), "--out", str(out), "-j", "1", "-q"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    warned = [line for line in lines if line.startswith("warning: skipping bad audio file:")]
+    assert len(warned) == 3 and all(any(name in line for line in warned) for name in BAD)
+    assert lines == warned  # no 'file.py:NN: BadFileWarning' prefix, no source line
+    assert "Warning:" not in r.stderr and ".py:" not in r.stderr
+
+
+def test_cli_warning_format_does_not_leak_into_the_library(wav_root, tmp_path):
+    import warnings
+
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    before = warnings.showwarning
+    r = CliRunner().invoke(main, ["mel", "--from-wav", str(wav_root), "--out", str(tmp_path / "c"), "-j", "1", "-q"])
+    assert r.exit_code == 0 and "warning: skipping bad audio file:" in r.output
+    assert warnings.showwarning is before
+
+
+def test_unsupported_audio_is_listed_as_skipped_never_silently_ignored(wav_root, tmp_path):
+    (wav_root / "LEAK" / "f_song.flac").write_bytes(b"fLaC\x00\x00\x00\x22" + bytes(34))
+    (wav_root / "NOLEAK" / "g_talk.MP3").write_bytes(b"ID3\x04" + bytes(60))
+    with pytest.warns(BadFileWarning) as caught:
+        src = WavFolderSource(wav_root, CFG)
+    assert len(src) == 2  # the two good WAVs only
+    skipped = {s["path"]: s["reason"] for s in src.describe()["skipped"]}
+    assert set(skipped) == {"LEAK/b_trunc.wav", "NOLEAK/d_rate.wav", "NOLEAK/e_text.wav", "LEAK/f_song.flac", "NOLEAK/g_talk.MP3"}
+    assert "unsupported format (.flac); convert it to WAV" in skipped["LEAK/f_song.flac"]
+    assert "unsupported format (.mp3)" in skipped["NOLEAK/g_talk.MP3"]
+    assert any("f_song.flac" in str(w.message) for w in caught)
+    assert "notes.txt" not in " ".join(skipped)  # not audio: ignored
+    for name in BAD:
+        (wav_root / ("LEAK" if name.startswith("b") else "NOLEAK") / name).unlink()
+    with pytest.raises(SourceError, match=r"f_song.flac: unsupported format \(.flac\)"):
+        WavFolderSource(wav_root, MelConfig(on_bad_file="error"))
+
+
+def test_cli_names_a_skipped_flac_on_one_line(wav_root, tmp_path):
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    (wav_root / "LEAK" / "f_song.flac").write_bytes(b"fLaC" + bytes(38))
+    r = CliRunner().invoke(main, ["mel", "--from-wav", str(wav_root), "--out", str(tmp_path / "c"), "-j", "1", "-q"])
+    assert r.exit_code == 0, r.output
+    flac = [line for line in r.output.splitlines() if "f_song.flac" in line]
+    assert len(flac) == 1 and flac[0].startswith("warning: skipping bad audio file:") and "convert it to WAV" in flac[0]
+
+
+def test_flac_is_read_through_soundfile_like_the_same_samples_as_wav(tmp_path):
+    sf = pytest.importorskip("soundfile")
+    root = tmp_path / "data"
+    (root / "A").mkdir(parents=True)
+    truth = write_pcm(root / "A" / "a.wav", np.repeat(_clip(7), 2, axis=1), 16)  # stereo 16-bit
+    ints = np.round(truth * 32768).astype(np.int16)
+    sf.write(root / "A" / "b.flac", ints, CFG.sample_rate, subtype="PCM_16")
+    src = WavFolderSource(root, CFG)
+    assert len(src) == 2 and src.skipped == []
+    a, b = src.records(0, 2)
+    assert b["json"]["path"] == "A/b.flac"
+    np.testing.assert_array_equal(a["mel"], b["mel"])
+    assert src.describe()["libsndfile"] == sf.__libsndfile_version__
+
+
+def test_without_soundfile_other_formats_say_how_to_read_them(wav_root, monkeypatch):
+    import cachebuild.mel.other_audio as other
+
+    monkeypatch.setattr(other, "_soundfile", lambda: None)  # as if soundfile were not installed
+    (wav_root / "LEAK" / "f_song.flac").write_bytes(b"fLaC" + bytes(38))
+    with pytest.warns(BadFileWarning):
+        src = WavFolderSource(wav_root, CFG)
+    reasons = {s["path"]: s["reason"] for s in src.skipped}
+    assert reasons["LEAK/f_song.flac"].endswith("f_song.flac: unsupported format (.flac); convert it to WAV or install soundfile")

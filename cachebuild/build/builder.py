@@ -24,6 +24,7 @@ from cachebuild.build.backends import BACKENDS, run_jobs
 from cachebuild.build.checked import block_records_of, fill_shard, probe_source
 from cachebuild.build.determinism import build_environment, source_determinism
 from cachebuild.build.lock import LOCK_NAME, build_lock
+from cachebuild.build.mismatch import describe_differences, fingerprint_doc_of_manifest
 from cachebuild.build.markers import BUILD_RECORD, done_name, read_valid_done, write_done
 from cachebuild.build.output import LocalOutput, Output, open_output
 from cachebuild.build.plan import BLOCK_RECORDS, ShardSpec, plan_shards
@@ -126,8 +127,9 @@ def records_per_shard(total: int, shard_bytes: int, record_bytes: int) -> int:
     return max(1, min(by_size, by_count))
 
 
-def _fingerprint(source: RecordSource, opts: BuildOptions, per_shard: int) -> str:
-    doc = {
+def _fingerprint_doc(source: RecordSource, opts: BuildOptions, per_shard: int) -> dict[str, Any]:
+    """Everything a shard's bytes depend on; its hash is the build fingerprint."""
+    return {
         "version": FORMAT_VERSION,
         "kind": source.kind,
         "config": source.config_dict(),
@@ -137,6 +139,9 @@ def _fingerprint(source: RecordSource, opts: BuildOptions, per_shard: int) -> st
         "records_per_shard": per_shard,
         "determinism": source_determinism(source, block_records_of(source)),  # block size, numpy version
     }
+
+
+def _fingerprint(doc: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -156,26 +161,36 @@ def _check_local(out: LocalOutput) -> None:
         raise OutputError(f"cannot write {path}: not writable")
 
 
-def _prepare_out(out: Output, fingerprint: str, overwrite: bool, probe: Callable[[], None] | None = None) -> bool:
-    """Make the output ready; True when it already holds this exact complete cache."""
+def _prepare_out(out: Output, doc: dict[str, Any], overwrite: bool, probe: Callable[[], None] | None = None) -> bool:
+    """Make the output ready; True when it already holds this exact complete cache.
+
+    ``doc`` is this build's fingerprint document; a refusal names the keys in
+    which the existing cache (its manifest, or the build record of an
+    unfinished build) differs from it.
+    """
+    fingerprint = _fingerprint(doc)
     if isinstance(out, LocalOutput):
         _check_local(out)
     names = out.names()
     foreign = [n for n in names if not _is_ours(n)]
     if foreign and MANIFEST_NAME not in names and BUILD_RECORD not in names:
         raise OutputError(f"output folder {out.location} is not empty and is not a cachebuild cache (found {foreign[0]!r}); choose another --out")
-    previous = None
+    previous, previous_doc = None, None
     if MANIFEST_NAME in names:
-        previous = ((out.read_json(MANIFEST_NAME) or {}).get("build") or {}).get("fingerprint")
+        manifest = out.read_json(MANIFEST_NAME) or {}
+        previous = (manifest.get("build") or {}).get("fingerprint")
         if previous == fingerprint:
             return True
+        previous_doc = fingerprint_doc_of_manifest(manifest)
     elif BUILD_RECORD in names:
-        previous = (out.read_json(BUILD_RECORD) or {}).get("fingerprint")
+        record = out.read_json(BUILD_RECORD) or {}
+        previous, previous_doc = record.get("fingerprint"), record.get("doc")
     if previous is not None and previous != fingerprint:
         if not overwrite:
+            differs = describe_differences(previous_doc, doc) if isinstance(previous_doc, dict) else ""
             raise CacheMismatchError(
-                f"{out.location} holds a cache built with another config, seed, codec or size; "
-                "pass --overwrite to replace it, or choose another --out"
+                f"{out.location} holds a cache built with another config, seed, codec or size"
+                f"{' (' + differs + ')' if differs else ''}; pass --overwrite to replace it, or choose another --out"
             )
         if probe is not None:
             probe()  # a source that fails at once must not cost the old cache
@@ -233,12 +248,13 @@ def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records")
 def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0: float, per_shard: int) -> BuildSummary:
     """The build itself, with the output's lock held (local outputs)."""
     plan = plan_shards(opts.records, per_shard)
-    fingerprint = _fingerprint(source, opts, per_shard)
-    if _prepare_out(out, fingerprint, opts.overwrite, lambda: probe_source(source, opts.seed, plan[0])):
+    doc = _fingerprint_doc(source, opts, per_shard)
+    fingerprint = _fingerprint(doc)
+    if _prepare_out(out, doc, opts.overwrite, lambda: probe_source(source, opts.seed, plan[0])):
         m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
         raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
         return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True)
-    out.write_json(BUILD_RECORD, {"fingerprint": fingerprint, "kind": source.kind, "records": opts.records, "records_per_shard": per_shard}, opts.sync)
+    out.write_json(BUILD_RECORD, {"fingerprint": fingerprint, "doc": doc, "kind": source.kind, "records": opts.records, "records_per_shard": per_shard}, opts.sync)
 
     deep = isinstance(out, LocalOutput)
     done: dict[int, WrittenShard] = {}

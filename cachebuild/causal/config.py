@@ -137,12 +137,21 @@ class InterventionConfig:
 
 @dataclass(frozen=True)
 class SampleConfig:
-    """Rows per world. ``per_intervention`` must equal ``base`` (delta pairs rows)."""
+    """Rows per world. ``per_intervention`` must equal ``base`` (delta pairs rows).
+
+    ``per_intervention`` left unset (None) follows ``base``, so changing
+    ``samples.base`` alone is enough; it stays a key of its own because the
+    users' recipes spell both.
+    """
 
     base: int = 64
-    per_intervention: int = 64
+    per_intervention: int = None  # type: ignore[assignment]  # None -> same as base (set in __post_init__)
     twin: bool = True  # intervened worlds reuse the base rows' exogenous noise
     standardize: str = "pooled"  # none | base (base-world mean/std) | pooled (base + intervened rows)
+
+    def __post_init__(self) -> None:
+        if self.per_intervention is None:
+            object.__setattr__(self, "per_intervention", self.base)
 
 
 @dataclass(frozen=True)
@@ -194,13 +203,22 @@ class CausalConfig:
 # ---------------------------------------------------------------- parsing
 
 
+def _size_order_error(n_min: int, n_max: int, given: set[str]) -> ConfigError:
+    """n_max < n_min: blame the key the recipe or flags set, naming both values."""
+    if "n_min" in given and "n_max" not in given:
+        return ConfigError.bad_value("graph.n_min", n_min, f"must be <= graph.n_max ({n_max}, the default): lower it or set graph.n_max too")
+    if "n_max" in given and "n_min" not in given:
+        return ConfigError.bad_value("graph.n_max", n_max, f"must be >= graph.n_min ({n_min}, the default): raise it or set graph.n_min too")
+    return ConfigError(f"config keys 'graph.n_min' ({n_min}) and 'graph.n_max' ({n_max}): n_min must be <= n_max")
+
+
 def _parse_graph(data: Mapping[str, Any]) -> GraphConfig:
     r = v.table(data, "graph", GraphConfig)
     family = v.choice("graph.family", r["family"], FAMILIES)
     n_min = v.integer("graph.n_min", r["n_min"], 2, _MAX_NODES)
     n_max = v.integer("graph.n_max", r["n_max"], 2, _MAX_NODES)
     if n_max < n_min:
-        raise ConfigError.bad_value("graph.n_max", n_max, f"must be >= graph.n_min ({n_min})")
+        raise _size_order_error(n_min, n_max, r["_given"])
     edge_prob = v.prob("graph.edge_prob", r["edge_prob"])
     deg = v.number("graph.expected_degree", r["expected_degree"], 0.0, float(_MAX_NODES))
     if family == "er" and deg > n_min - 1:
@@ -282,11 +300,13 @@ def _standardize(value: Any) -> str:
 def _parse_samples(data: Mapping[str, Any]) -> SampleConfig:
     r = v.table(data, "samples", SampleConfig)
     base = v.integer("samples.base", r["base"], 1)
-    per_int = v.integer("samples.per_intervention", r["per_intervention"], 1)
+    per_int = base  # unset: follows base
+    if "per_intervention" in r["_given"]:
+        per_int = v.integer("samples.per_intervention", r["per_intervention"], 1)
     if per_int != base:
-        raise ConfigError.bad_value(
-            "samples.per_intervention", per_int,
-            f"must equal samples.base ({base}): delta = int - base pairs intervened rows with base rows",
+        raise ConfigError(
+            f"config keys 'samples.base' ({base}) and 'samples.per_intervention' ({per_int}) differ: they must be "
+            "equal (delta = int - base pairs intervened rows with base rows); set samples.base alone and the other follows"
         )
     twin = v.boolean("samples.twin", r["twin"])
     return SampleConfig(base, per_int, twin, _standardize(r["standardize"]))

@@ -34,7 +34,8 @@ from cachebuild.mel.records import (
     mel_of_waves,
     record_fields,
 )
-from cachebuild.mel.wav import check_wav, load_clip
+from cachebuild.mel.other_audio import AUDIO_SUFFIXES, SoundFileInfo, soundfile_version
+from cachebuild.mel.wav import check_audio, load_clip
 
 __all__ = [
     "MEL_FIELDS",
@@ -61,8 +62,12 @@ class WavFolderSource:
     record numbering are fixed from then on), with ``"error"`` a SourceError
     names it. A file that passes the scan but cannot be decoded later (changed
     on disk) is a SourceError whatever the policy, since skipping it then would
-    shift record numbers. Only ``*.wav`` files (any case) are considered;
-    hidden files and folders are ignored.
+    shift record numbers. ``*.wav`` files (any case) are read by our RIFF
+    reader; other audio files (``.flac``, ``.ogg``, ``.mp3``, ...) through
+    ``soundfile`` when it is installed and can open them, else they are bad
+    files ("unsupported format; convert it to WAV or install soundfile") and so
+    appear in the skipped list; hidden files, folders and non-audio files are
+    ignored.
     """
 
     kind = "wav"
@@ -85,17 +90,17 @@ class WavFolderSource:
         self.skipped: list[dict[str, str]] = []
         for name in folders:
             for path in sorted((p for p in (self.root / name).iterdir()
-                                if p.suffix.lower() == ".wav" and not p.name.startswith(".")
+                                if p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".")
                                 and p.is_file()), key=lambda p: p.name):
                 self._scan(path, name)
 
     def _scan(self, path: Path, label_name: str) -> None:
         try:
-            info = check_wav(path, self.cfg)
+            info = check_audio(path, self.cfg)
         except SourceError as exc:
             if self.cfg.on_bad_file == "error":
                 raise
-            warnings.warn(f"skipping bad WAV file: {exc}", BadFileWarning, stacklevel=3)
+            warnings.warn(f"skipping bad audio file: {exc}", BadFileWarning, stacklevel=3)
             self.skipped.append({"path": path.relative_to(self.root).as_posix(),
                                  "reason": str(exc)})
             return
@@ -124,7 +129,13 @@ class WavFolderSource:
         rates = sorted({info.sample_rate for _, _, info in self._files})
         return {"kind": self.kind, "path": str(self.root), "n_files": len(self._files),
                 "label2id": self.label2id, "label_counts": counts, "sample_rates": rates,
-                "n_skipped": len(self.skipped), "skipped": self.skipped}
+                "n_skipped": len(self.skipped), "skipped": self.skipped, **self._decoders()}
+
+    def _decoders(self) -> dict[str, Any]:
+        """libsndfile's version when some files were read through soundfile (lossy decoders may change)."""
+        if any(isinstance(info, SoundFileInfo) for _, _, info in self._files):
+            return {"libsndfile": soundfile_version()}
+        return {}
 
 
 # ------------------------------------------------------------------ synthetic

@@ -25,6 +25,7 @@ import numpy as np
 
 from cachebuild.errors import SourceError
 from cachebuild.mel.config import MelConfig
+from cachebuild.mel.other_audio import SoundFileInfo, read_soundfile, read_soundfile_info
 from cachebuild.mel.segment import fit_length
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "resample",
     "resampled_length",
     "check_wav",
+    "check_audio",
     "load_clip",
 ]
 
@@ -207,30 +209,44 @@ def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
     return y.astype(np.float32)
 
 
+def _check_fits(path: str, rate: int, n_frames: int, cfg: MelConfig) -> None:
+    """Sample rate and length against ``cfg`` (resampling / padding allowed or not)."""
+    if rate != cfg.sample_rate and cfg.resample != "resample":
+        raise SourceError(
+            f"{path}: sample rate {rate} Hz, config expects "
+            f"{cfg.sample_rate} Hz (set resample = \"resample\" to convert)"
+        )
+    n = resampled_length(n_frames, rate, cfg.sample_rate)
+    if n < cfg.clip_samples and cfg.short_clip != "pad":
+        raise SourceError(
+            f"{path}: clip too short: {n} samples at {cfg.sample_rate} Hz, needs "
+            f"{cfg.clip_samples} (set short_clip = \"pad\" to zero-pad)"
+        )
+
+
 def check_wav(path: str | os.PathLike[str], cfg: MelConfig) -> WavInfo:
     """Header-only validation against ``cfg``: format, completeness, rate, length.
 
     Raises SourceError naming the file; returns the header info otherwise.
     """
     info = read_wav_info(path)
-    if info.sample_rate != cfg.sample_rate and cfg.resample != "resample":
-        raise SourceError(
-            f"{info.path}: sample rate {info.sample_rate} Hz, config expects "
-            f"{cfg.sample_rate} Hz (set resample = \"resample\" to convert)"
-        )
-    n = resampled_length(info.n_frames, info.sample_rate, cfg.sample_rate)
-    if n < cfg.clip_samples and cfg.short_clip != "pad":
-        raise SourceError(
-            f"{info.path}: clip too short: {n} samples at {cfg.sample_rate} Hz, needs "
-            f"{cfg.clip_samples} (set short_clip = \"pad\" to zero-pad)"
-        )
+    _check_fits(info.path, info.sample_rate, info.n_frames, cfg)
     return info
 
 
-def load_clip(path: str | Path, cfg: MelConfig, info: WavInfo | None = None) -> np.ndarray:
+def check_audio(path: str | os.PathLike[str], cfg: MelConfig) -> WavInfo | SoundFileInfo:
+    """:func:`check_wav` for ``.wav``; other formats through soundfile (SourceError if it is not installed)."""
+    if str(path).lower().endswith(".wav"):
+        return check_wav(path, cfg)
+    info = read_soundfile_info(path)
+    _check_fits(info.path, info.sample_rate, info.n_frames, cfg)
+    return info
+
+
+def load_clip(path: str | Path, cfg: MelConfig, info: WavInfo | SoundFileInfo | None = None) -> np.ndarray:
     """Decode, mix to mono, resample if allowed, and fit to ``cfg.clip_samples`` (float32)."""
-    info = info or check_wav(path, cfg)
-    wave, rate = read_wav(path, info)
+    info = info or check_audio(path, cfg)
+    wave, rate = read_soundfile(info) if isinstance(info, SoundFileInfo) else read_wav(path, info)
     if rate != cfg.sample_rate:
         if cfg.resample != "resample":
             raise SourceError(f"{info.path}: sample rate {rate} Hz, config expects {cfg.sample_rate} Hz")
