@@ -94,3 +94,33 @@ def test_an_output_server_that_refuses_writes_gives_one_line(tmp_path):
         server.shutdown()
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert r.returncode == 5 and len(lines) == 1 and url in lines[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def _gen(out: Path, *extra: str):
+    return CliRunner().invoke(main, ["generate", "--graphs", "300", "--shard-mb", "2", "-j", "1", "-q", "--out", str(out), *extra], catch_exceptions=False)
+
+
+def test_a_rerun_rebuilds_shards_that_were_truncated_or_deleted(tmp_path):
+    out = tmp_path / "c"
+    assert _gen(out).exit_code == 0
+    ref = {p.name: p.read_bytes() for p in out.glob("shard-*") if not p.name.endswith(".json")}
+    shards = sorted(out.glob("shard-*.tar"))
+    assert len(shards) >= 3
+    with open(shards[1], "r+b") as fh:
+        fh.truncate(1000)
+    (out / shards[2].name.replace(".tar", ".idx.npy")).unlink()
+    r = _gen(out)
+    assert r.exit_code == 0 and "2 built" in r.output, r.output
+    assert {p.name: p.read_bytes() for p in out.glob("shard-*") if not p.name.endswith(".json")} == ref
+    r = _gen(out)
+    assert "already complete" in r.output or "nothing to do" in r.output, r.output
+
+
+def test_a_build_that_failed_before_its_first_shard_does_not_block_the_folder(tmp_path):
+    out = tmp_path / "c"
+    bad = _gen(out, "--mechanism", "linear", "--n-min", "40", "--n-max", "60", "--set", "mechanism.weights=signed_uniform",
+               "--set", "mechanism.w_lo=90", "--set", "mechanism.w_hi=100", "--set", "graph.family=er", "--set", "graph.expected_degree=30")
+    assert bad.exit_code == 2
+    r = _gen(out)  # another recipe, no --overwrite needed: nothing was built
+    assert r.exit_code == 0, r.output
+    assert (out / "manifest.json").exists()

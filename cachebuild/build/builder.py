@@ -180,11 +180,15 @@ def _prepare_out(out: Output, doc: dict[str, Any], overwrite: bool, probe: Calla
         manifest = out.read_json(MANIFEST_NAME) or {}
         previous = (manifest.get("build") or {}).get("fingerprint")
         if previous == fingerprint:
-            return True
+            if not _damaged(out, manifest):
+                return True
+            out.remove(MANIFEST_NAME)  # not complete any more: the resume re-checks every shard (sha256) and rebuilds the bad ones
+            return False
         previous_doc = fingerprint_doc_of_manifest(manifest)
-    elif BUILD_RECORD in names:
+    elif BUILD_RECORD in names and any(n.endswith(".done.json") for n in names):
         record = out.read_json(BUILD_RECORD) or {}
         previous, previous_doc = record.get("fingerprint"), record.get("doc")
+    # (a build record without any finished shard is a build that failed before its first shard: nothing to keep)
     if previous is not None and previous != fingerprint:
         if not overwrite:
             differs = describe_differences(previous_doc, doc) if isinstance(previous_doc, dict) else ""
@@ -201,6 +205,18 @@ def _prepare_out(out: Output, doc: dict[str, Any], overwrite: bool, probe: Calla
     for n in names:
         if is_tmp_name(Path(n)):
             out.remove(n)
+    return False
+
+
+def _damaged(out: Output, manifest: dict[str, Any]) -> bool:
+    """A complete cache whose files no longer match its manifest (missing, truncated, grown): a cheap size check
+    on rerun; flipped bits of the same size are found by ``cachebuild verify``."""
+    for entry in manifest.get("shards") or []:
+        try:
+            if out.size(entry["name"]) != entry["bytes"] or out.size(entry["index"]) != entry["index_bytes"]:
+                return True
+        except (KeyError, TypeError):
+            return True
     return False
 
 
