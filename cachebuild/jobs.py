@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cachebuild.build import BuildOptions, BuildSummary, build_cache
+from cachebuild.errors import ConfigError
 from cachebuild.recipes import Recipe, load_recipe
 
 __all__ = ["run_causal_build", "run_mel_build", "mel_source_from", "DEFAULT_GRAPHS"]
@@ -33,6 +34,14 @@ def _options(recipe: Recipe, out: str | Path, records: int, workers: int | None,
     )
 
 
+def _check_kind(recipe: Any, kind: str, config_path: str | Path | None, command: str) -> None:
+    """A recipe of another kind names the command that builds it (instead of an unknown-key error)."""
+    got = recipe.table.get("kind", kind)
+    if got != kind:
+        raise ConfigError(f"{config_path}: this recipe is kind = {got!r}, and `cachebuild {command}` builds {kind!r} caches: "
+                          f"use `cachebuild build --config {config_path}`" + (" or `cachebuild mel --config ...`" if got == "mel" else ""))
+
+
 def run_causal_build(
     config_path: str | Path | None,
     overrides: Iterable[str],
@@ -48,6 +57,7 @@ def run_causal_build(
     from cachebuild.sources import KINDS
 
     recipe = load_recipe(config_path, overrides, values, count_key="graphs")
+    _check_kind(recipe, "causal", config_path, "generate")
     source, _ = KINDS["causal"].make(recipe)  # the same maker as `cachebuild build` with kind = "causal"
     opts = _options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress)
     return build_cache(source, opts, unit="graphs")
@@ -70,6 +80,7 @@ def run_mel_build(
 ) -> BuildSummary:
     """Build a mel cache (one record per audio file) from exactly one source."""
     recipe = load_recipe(config_path, overrides, values, count_key="files", default_codec=MEL_DEFAULT_CODEC)
+    _check_kind(recipe, "mel", config_path, "mel")
     source = mel_source_from(recipe, from_h5, from_wav, synthetic, h5_datasets)
     opts = _options(recipe, out, len(source.source), workers, backend, address, overwrite, progress)
     return build_cache(source, opts, unit="files")
@@ -91,7 +102,8 @@ def mel_source_from(
 
     given = [name for name, v in (("--from-h5", from_h5), ("--from-wav", from_wav), ("--synthetic", synthetic)) if v is not None]
     if len(given) != 1:
-        raise ConfigError(f"give exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N (got {', '.join(given) or 'none'})")
+        raise ConfigError(f"give exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N with `cachebuild mel`, or a [source] table "
+                          f"(h5 = \"FILE\", wav = \"DIR\" or synthetic = N) in a recipe for `cachebuild build` (got {', '.join(given) or 'none'})")
     cfg = parse_mel_config(recipe.table)
     if from_h5 is not None:
         source = H5Source(from_h5, cfg, dict(h5_datasets) if h5_datasets else None)

@@ -124,3 +124,19 @@ def test_a_build_that_failed_before_its_first_shard_does_not_block_the_folder(tm
     r = _gen(out)  # another recipe, no --overwrite needed: nothing was built
     assert r.exit_code == 0, r.output
     assert (out / "manifest.json").exists()
+
+
+def test_a_recipe_of_another_kind_names_the_command_that_builds_it(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    r = _run(["generate", "--config", str(repo / "configs" / "mel-leak.toml"), "--out", str(tmp_path / "c"), "-q"], tmp_path)
+    assert r.exit_code == 2 and "kind = 'mel'" in r.output and "cachebuild build" in r.output
+    r = _run(["build", "--config", str(repo / "configs" / "mel-leak.toml"), "--out", str(tmp_path / "c"), "-q"], tmp_path)
+    assert r.exit_code == 2 and "[source] table" in r.output
+    assert not (tmp_path / "c").exists()
+
+
+def test_an_unknown_view_lists_every_view():
+    from loaders.views import make_view
+
+    with pytest.raises(ValueError, match="mel, mel_files"):
+        make_view("nope", None, 8)

@@ -50,7 +50,7 @@ def make_view(name: str, manifest: Manifest, batch_size: int, **options: Any) ->
     try:
         factory = VIEWS[name]
     except KeyError:
-        raise ValueError(f"unknown view {name!r}; registered views: {', '.join(sorted(VIEWS))}") from None
+        raise ValueError(f"unknown view {name!r}; registered views: {', '.join(sorted(set(VIEWS) | set(_LAZY_MODULES)))}") from None
     try:
         inspect.signature(factory).bind(manifest, batch_size, **options)
     except TypeError as exc:
