@@ -51,7 +51,11 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
         f"codec      {m.codec.name}" + (f" level {m.codec.level}" if m.codec.name == "zstd" else ""),
         f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, {ratio_text(raw / stored if stored else 0.0)}",
     ]
-    if m.config:
+    if m.config and m.kind == "mel" and isinstance(m.config.get("mel"), dict):
+        # mel recipes take bare keys (--set n_mels=64); where the audio came from is not a recipe key
+        lines += ["recipe:", *recipe_lines(m.config["mel"])]
+        lines += ["source (not a recipe key):", *recipe_lines({k: v for k, v in m.config.items() if k != "mel"})]
+    elif m.config:
         lines += ["recipe:", *recipe_lines(m.config)]
     lines.append("fields:")
     for f in m.fields:

@@ -140,3 +140,16 @@ def test_an_unknown_view_lists_every_view():
 
     with pytest.raises(ValueError, match="mel, mel_files"):
         make_view("nope", None, 8)
+
+
+def test_inspect_prints_mel_recipe_keys_that_set_accepts(tmp_path):
+    """Every `key = value` line under 'recipe:' of a mel cache is accepted back by `cachebuild mel --set`."""
+    assert _run(["mel", "--synthetic", "4", "--out", str(tmp_path / "a"), "-q", "-j", "1"], tmp_path).exit_code == 0
+    out = _run(["inspect", str(tmp_path / "a")], tmp_path).output.splitlines()
+    start = out.index("recipe:") + 1
+    keys = [line.strip() for line in out[start:] if line.startswith("  ")]
+    keys = keys[: next((i for i, k in enumerate(keys) if k.startswith("source.")), len(keys))]
+    assert keys and not any(k.startswith("mel.") for k in keys)
+    sets = [a for k in keys if " = null" not in k for a in ("--set", k.replace(" = ", "=", 1).replace('"', ""))]
+    r = _run(["mel", "--synthetic", "4", "--out", str(tmp_path / "b"), "-q", "-j", "1", *sets], tmp_path)
+    assert r.exit_code == 0, r.output
