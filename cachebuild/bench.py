@@ -590,7 +590,7 @@ def format_table(r: BenchResult) -> list[str]:
         ("samples/s", _fmt(r.samples_per_s), _fmt(c["samples_per_s"]) if c else ""),
         ("payload MB/s", _fmt(r.payload_mb_per_s), _fmt(c["payload_mb_per_s"]) if c else ""),
         ("time to first batch", _fmt(r.first_batch_s, " s"), _fmt(c["first_batch_s"], " s") if c else ""),
-        ("wait fraction", f"{r.wait_fraction:.1%}", f"{c['wait_fraction']:.1%}" if c else ""),
+        ("wait fraction" + (" (no consumer: all of it)" if r.consumer == "none" else ""), f"{r.wait_fraction:.1%}", f"{c['wait_fraction']:.1%}" if c else ""),
         ("wait p95", _fmt(r.wait_p95_ms, " ms"), _fmt(c["wait_p95_ms"], " ms") if c else ""),
     ]
     w0 = max(len(k) for k, _, _ in rows + [("stage (ms/batch)", "", "")])

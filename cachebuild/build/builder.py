@@ -107,11 +107,14 @@ class BuildSummary:
     def lines(self, unit: str = "records") -> list[str]:
         if self.already_complete:
             return [f"cache at {self.out} is already complete ({self.records} {unit}, {_n(self.shards, 'shard')}): nothing to do"]
-        rate = self.records / self.seconds if self.seconds > 0 and self.built else 0.0
+        share = self.built / self.shards if self.shards else 0.0  # a resume's rate counts only what it built
+        rate = self.records * share / self.seconds if self.seconds > 0 else 0.0
+        mbs = self.raw_bytes * share / 1e6 / max(self.seconds, 1e-9)
+        built = "" if self.built == self.shards else f" (the {_n(self.built, 'shard')} built now)"
         return [
             f"built {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} ({self.built} built, {self.skipped} already done)",
             f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio)})",
-            f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s, {self.raw_bytes / 1e6 / max(self.seconds, 1e-9):,.0f} MB/s raw",
+            f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s, {mbs:,.0f} MB/s raw{built}",
         ]
 
 
