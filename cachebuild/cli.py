@@ -45,7 +45,32 @@ def _install_one_line_warnings(ctx: click.Context) -> None:
     warnings.showwarning = _one_line_warning
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Group(click.Group):
+    """The CLI's group: a usage error (unknown flag, bad flag value) is one ``error:`` line, like every
+    other error, with a pointer to ``--help`` instead of click's three-line usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("standalone_mode", True) is False:
+            return super().main(*args, **kwargs)
+        try:
+            rv = super().main(*args, **{**kwargs, "standalone_mode": False})
+        except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # plain `cachebuild`: the help itself
+                click.echo(exc.format_message(), err=True)
+                sys.exit(exc.exit_code)
+            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+            click.echo(f"error: {exc.format_message()}{where}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="cachebuild")
 @click.pass_context
 def main(ctx: click.Context) -> None:

@@ -153,3 +153,11 @@ def test_inspect_prints_mel_recipe_keys_that_set_accepts(tmp_path):
     sets = [a for k in keys if " = null" not in k for a in ("--set", k.replace(" = ", "=", 1).replace('"', ""))]
     r = _run(["mel", "--synthetic", "4", "--out", str(tmp_path / "b"), "-q", "-j", "1", *sets], tmp_path)
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("argv", [["generate", "--workers", "0"], ["generate", "--graphs", "abc"], ["nope"], ["stage"], ["generate", "--no-such-flag"]])
+def test_usage_errors_are_one_line_with_a_pointer_to_help(argv):
+    r = subprocess.run([sys.executable, "-c", "from cachebuild.cli import main; main()", *argv], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], r.stderr
