@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cachebuild.build import BuildOptions, BuildSummary, build_cache
-from cachebuild.errors import ConfigError
+from cachebuild.errors import ConfigError, SourceError
 from cachebuild.recipes import Recipe, load_recipe
 
 __all__ = ["run_causal_build", "run_mel_build", "mel_source_from", "DEFAULT_GRAPHS"]
@@ -113,6 +113,6 @@ def mel_source_from(
         whole("--synthetic", synthetic, 1, MAX_RECORDS)
         source = SyntheticSource(synthetic, cfg, recipe.seed)
     if len(source) == 0:
-        raise ConfigError(f"the source has no usable audio files: {source.describe().get('path')}")
+        raise SourceError(f"the source has no usable audio files: {source.describe().get('path')}")
     # source.cfg describes the records: for stored HDF5 mels, the file's parameters
     return MelBuildSource(source.cfg, source)

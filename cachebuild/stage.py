@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from cachebuild.build.markers import file_sha256
-from cachebuild.errors import CacheBuildError, OutputError, ShardCorruptError
+from cachebuild.errors import CacheBuildError, ConfigError, OutputError, ShardCorruptError
 from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name, output_error, tmp_name
 from cachebuild.format.index_check import check_shard
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
@@ -357,8 +357,8 @@ def unstage_cache(dst: str | Path) -> UnstageResult:
     stamp = _read_stamp(dst) if dst.is_dir() else None
     if stamp is None:
         if (dst / MANIFEST_NAME).exists():
-            raise OutputError(f"refusing to unstage {dst}: it is a cachebuild cache but not a staged copy (no {STAMP_NAME}); delete it yourself if you mean to")
-        raise OutputError(f"refusing to unstage {dst}: not a staged cachebuild cache (no {STAMP_NAME})")
+            raise ConfigError(f"refusing to unstage {dst}: it is a cachebuild cache but not a staged copy (no {STAMP_NAME}); delete it yourself if you mean to")
+        raise ConfigError(f"refusing to unstage {dst}: not a staged cachebuild cache (no {STAMP_NAME})")
     names = set(stamp.get("expected", [])) | set(stamp["files"])
     files = sum(1 for p in dst.iterdir() if p.is_file() and (p.name in names or p.name == MANIFEST_NAME or is_tmp_name(p)))
     freed = _clean(dst, {MANIFEST_NAME}) + _clean(dst, names)

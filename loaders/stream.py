@@ -162,6 +162,10 @@ class ShardStream(IterableDataset):
         self.layout: Layout = self.view.layout()
         self._spec = self.layout.spec()
         self._counts = np.array([s.records for s in self.manifest.shards], dtype=np.int64)
+        if world_size is not None and (isinstance(world_size, bool) or int(world_size) < 1):
+            raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+        if rank is not None and (isinstance(rank, bool) or int(rank) < 0 or (world_size is not None and int(rank) >= int(world_size))):
+            raise ValueError(f"rank {rank!r} is not in a world of {world_size if world_size is not None else 'torch.distributed'} ranks (0 <= rank < world_size)")
         self._rank, self._world_size = rank, world_size
         self._decode_threads = decode_threads
         self._progress = Progress()

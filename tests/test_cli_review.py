@@ -161,3 +161,18 @@ def test_usage_errors_are_one_line_with_a_pointer_to_help(argv):
                        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], r.stderr
+
+
+def test_a_rank_outside_the_world_is_refused_at_construction(tmp_path):
+    from loaders import ShardStream
+
+    assert _gen(tmp_path / "c").exit_code == 0
+    for rank, world in ((3, 2), (0, 0), (-1, 2)):
+        with pytest.raises(ValueError, match="world"):
+            ShardStream(tmp_path / "c", view="graphs", batch_size=8, rank=rank, world_size=world)
+
+
+def test_a_wav_folder_without_audio_is_a_bad_input_exit_6(tmp_path):
+    (tmp_path / "wav" / "LEAK").mkdir(parents=True)
+    r = _run(["mel", "--from-wav", str(tmp_path / "wav"), "--out", str(tmp_path / "c"), "-q"], tmp_path)
+    assert r.exit_code == 6 and "no usable audio files" in r.output

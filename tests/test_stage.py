@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from conftest import build_toy
 
 import cachebuild.stage as stage_mod
-from cachebuild.errors import ManifestError, OutputError, ShardCorruptError
+from cachebuild.errors import ConfigError, ManifestError, OutputError, ShardCorruptError
 from cachebuild.format.manifest import MANIFEST_NAME, read_manifest
 from cachebuild.stage import STAMP_NAME, default_dst, stage_cache, unstage_cache
 from cachebuild.stage_cli import stage_command, unstage_command
@@ -216,7 +216,7 @@ def test_unstage_removes_only_staged_copies(src, tmp_path):
     gone = unstage_cache(dst)
     assert gone.files == 2 + 2 * len(read_manifest(src).shards) and gone.bytes > 0 and not dst.exists()
     assert not unstage_cache(dst).existed
-    with pytest.raises(OutputError, match="not a staged copy"):
+    with pytest.raises(ConfigError, match="not a staged copy"):
         unstage_cache(src)
     assert (src / MANIFEST_NAME).exists()
 
@@ -238,5 +238,5 @@ def test_cli_errors_have_exit_codes(src, tmp_path):
     missing = runner.invoke(stage_command, [str(tmp_path / "nope"), str(tmp_path / "d"), "-q"])
     assert missing.exit_code == 3 and "no cache manifest" in missing.output
     refused = runner.invoke(unstage_command, [str(src)])
-    assert refused.exit_code == 5 and "refusing to unstage" in refused.output
+    assert refused.exit_code == 2 and "refusing to unstage" in refused.output
     assert "Traceback" not in missing.output + refused.output
