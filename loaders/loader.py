@@ -162,8 +162,10 @@ def loader_state(loader: DataLoader) -> dict[str, Any]:
             "or loaders.make_loader(stream), whose state_dict() is exact"
         )
     rank, ws = detect_ranks(stream._rank, stream._world_size, env_fallback=True)
-    epoch, start = stream._control.worker_epoch(), stream._control.worker_start()
     yielded = int(it._num_yielded)
+    if yielded == 0:  # before a pass's first batch its workers may still be recording the pass
+        stream._control.settle(loader.num_workers)
+    epoch, start = stream._control.worker_epoch(), stream._control.worker_start()
     return make_state(epoch, start + yielded * ws, stream.config, stream.fingerprint, ws, yielded)
 
 

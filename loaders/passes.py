@@ -45,8 +45,8 @@ MAX_WORKERS = 256
 # Head of the control block: the pass a loader hands its workers, then the main process's instruction.
 _VALID, _EPOCH, _START, _RANK, _WORLD, _GEN, _IEPOCH, _ISTART, _IEXACT, _PLAIN = range(10)
 _HEAD = 16
-# Per-worker slot: instruction generation obeyed, epoch and start of its last pass.
-_W_SEEN, _W_EPOCH, _W_START, _W_SLOT = 0, 1, 2, 4
+# Per-worker slot: instruction generation obeyed, epoch and start of its last pass, passes begun.
+_W_SEEN, _W_EPOCH, _W_START, _W_PASSES, _W_SLOT = 0, 1, 2, 3, 4
 
 Finished = Callable[[int, int], bool]
 """``finished(epoch, start)``: True when no batch of ``epoch`` is left from global batch ``start``."""
@@ -143,6 +143,7 @@ class Control:
         if not exact and finished(epoch, start):
             epoch, start = epoch + 1, 0
         self.block[base + _W_SEEN], self.block[base + _W_EPOCH], self.block[base + _W_START] = gen, epoch, start
+        self.block[base + _W_PASSES] += 1
         self.block[_PLAIN] = 1
         return epoch, start
 
@@ -160,6 +161,26 @@ class Control:
     def worker_epoch(self, worker: int = 0) -> int:
         """Epoch of worker ``worker``'s last pass."""
         return int(self.block[_HEAD + worker * _W_SLOT + _W_EPOCH])
+
+    def worker_passes(self, workers: int) -> list[int]:
+        """Passes begun by each of the first ``workers`` workers."""
+        return [int(self.block[_HEAD + w * _W_SLOT + _W_PASSES]) for w in range(workers)]
+
+    def settle(self, workers: int, quiet_s: float = 0.05, limit_s: float = 2.0) -> None:
+        """Wait until every worker has begun the same number of passes and none began another for
+        ``quiet_s`` (at most ``limit_s``). A DataLoader's ``iter()`` returns once its workers have
+        acknowledged the new pass, but each records the pass only just after acknowledging; this
+        closes that window for a state read before the first batch of a pass."""
+        import time
+
+        deadline, last, since = time.monotonic() + limit_s, None, time.monotonic()
+        while time.monotonic() < deadline:
+            now = self.worker_passes(workers)
+            if now != last:
+                last, since = now, time.monotonic()
+            elif len(set(now)) == 1 and time.monotonic() - since >= quiet_s:
+                return
+            time.sleep(0.002)
 
     def worker_start(self, worker: int = 0) -> int:
         """Global batch worker ``worker``'s last pass started from."""
