@@ -69,6 +69,16 @@ def padded(arr: np.ndarray, shape: tuple[int, ...], fill: float = 0, dtype: Any 
     return out
 
 
+def real_record_ids(batches) -> list[int]:
+    """Record ids of the real (not padding) rows of ``batches``, in order."""
+    return [r for b in batches for r in b["record_id"][~b["is_pad"]].tolist()]
+
+
+def all_batches_equal(a: list, b: list) -> bool:
+    """Two batch sequences equal bit for bit (same length, each pair :func:`batches_equal`)."""
+    return len(a) == len(b) and all(batches_equal(x, y) for x, y in zip(a, b))
+
+
 def batches_equal(a: dict, b: dict) -> bool:
     """Bit-for-bit equality of two batches (same keys, dtypes, shapes, bytes)."""
     if list(a) != list(b):

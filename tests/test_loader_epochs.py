@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from torch.utils.data import DataLoader
 
-from loader_fixtures import batches_equal, causal_cache  # noqa: F401
+from loader_fixtures import all_batches_equal, real_record_ids, batches_equal, causal_cache  # noqa: F401
 from loaders import ShardStream, loader_state, make_loader
 from loaders.loader import shutdown_workers
 
@@ -19,18 +19,10 @@ def _stream(root, **kw):
     return ShardStream(root, view="graphs", batch_size=16, seed=5, **kw)
 
 
-def _real(batches) -> list[int]:
-    return [r for b in batches for r in b["record_id"][~b["is_pad"]].tolist()]
-
-
 def _epoch(root, epoch: int) -> list:
     s = _stream(root)
     s.set_epoch(epoch)
     return list(s)
-
-
-def _same(a, b) -> bool:
-    return len(a) == len(b) and all(batches_equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("persistent", [True, False])
@@ -40,13 +32,13 @@ def test_plain_dataloader_advances_epochs_in_its_workers(causal_cache, persisten
     dl = DataLoader(stream, batch_size=None, num_workers=2, persistent_workers=persistent)
     try:
         got0, got1 = list(dl), list(dl)
-        assert _same(got0, e0) and _same(got1, e1)  # each epoch once, in the plan's order
-        assert sorted(_real(got0)) == sorted(_real(got1)) == list(range(200)) and _real(got0) != _real(got1)
+        assert all_batches_equal(got0, e0) and all_batches_equal(got1, e1)  # each epoch once, in the plan's order
+        assert sorted(real_record_ids(got0)) == sorted(real_record_ids(got1)) == list(range(200)) and real_record_ids(got0) != real_record_ids(got1)
         assert stream.epoch == 1
         stream.set_epoch(0)  # reaches the workers too
-        assert _same(list(dl), e0)
-        assert _same(list(dl), e1)
-        assert _same(list(dl), e2)
+        assert all_batches_equal(list(dl), e0)
+        assert all_batches_equal(list(dl), e1)
+        assert all_batches_equal(list(dl), e2)
     finally:
         shutdown_workers(dl)
 
@@ -54,8 +46,8 @@ def test_plain_dataloader_advances_epochs_in_its_workers(causal_cache, persisten
 def test_make_loader_advances_epochs_with_persistent_workers(causal_cache):
     loader = make_loader(_stream(causal_cache), num_workers=2, prefetch_factor=2)
     try:
-        assert _same(list(loader), _epoch(causal_cache, 0))
-        assert _same(list(loader), _epoch(causal_cache, 1))
+        assert all_batches_equal(list(loader), _epoch(causal_cache, 0))
+        assert all_batches_equal(list(loader), _epoch(causal_cache, 1))
         assert loader.state_dict()["epoch"] == 1
     finally:
         shutdown_workers(loader)
@@ -82,10 +74,10 @@ def test_plain_dataloader_state_resumes_exactly(causal_cache, cut):
     try:
         tail = list(dl2)
         if cut == len(e1):  # saved at the epoch's end: the next pass is epoch 2
-            assert _same(tail, _epoch(causal_cache, 2))
+            assert all_batches_equal(tail, _epoch(causal_cache, 2))
         else:
-            assert _same(head + tail, e1)
-            assert _same(list(dl2), _epoch(causal_cache, 2))  # and then the next epoch
+            assert all_batches_equal(head + tail, e1)
+            assert all_batches_equal(list(dl2), _epoch(causal_cache, 2))  # and then the next epoch
     finally:
         shutdown_workers(dl2)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from loader_fixtures import batches_equal, causal_cache  # noqa: F401
+from loader_fixtures import all_batches_equal, real_record_ids, batches_equal, causal_cache  # noqa: F401
 from loaders import ShardStream
 
 sdl = pytest.importorskip("torchdata.stateful_dataloader")
@@ -24,14 +24,6 @@ def _epoch(root, epoch: int) -> list:
     return list(s)
 
 
-def _same(a, b) -> bool:
-    return len(a) == len(b) and all(batches_equal(x, y) for x, y in zip(a, b))
-
-
-def _ids(batches) -> list[int]:
-    return [r for b in batches for r in b["record_id"][~b["is_pad"]].tolist()]
-
-
 @pytest.mark.parametrize("workers,cut,persistent", [(2, 7, True), (2, 1, False), (0, 5, False), (3, 12, True), (2, 13, True)])
 def test_stateful_dataloader_resumes_exactly(causal_cache, workers, cut, persistent):
     e0, e1 = _epoch(causal_cache, 0), _epoch(causal_cache, 1)
@@ -44,10 +36,10 @@ def test_stateful_dataloader_resumes_exactly(causal_cache, workers, cut, persist
     fresh = sdl.StatefulDataLoader(_stream(causal_cache), **kw)
     fresh.load_state_dict(state)
     tail = list(fresh)
-    ids = _ids(head + tail)
+    ids = real_record_ids(head + tail)
     assert sorted(ids) == list(range(200)), "a record repeated or lost across the resume"
-    assert _same(head + tail, e0)
-    assert _same(list(fresh), e1)  # the next pass is the next epoch
+    assert all_batches_equal(head + tail, e0)
+    assert all_batches_equal(list(fresh), e1)  # the next pass is the next epoch
 
 
 def test_stateful_dataloader_refuses_another_worker_count(causal_cache):
