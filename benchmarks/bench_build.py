@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _results import append  # noqa: E402
 from user_pipeline import UserStyleGenerator  # noqa: E402
 
-from cachebuild.build import BuildOptions, build_cache  # noqa: E402
-from cachebuild.build.causal_source import CausalSource  # noqa: E402
+from cachebuild.builder import BuildOptions, build_cache  # noqa: E402
+from cachebuild.builder.causal_source import CausalSource  # noqa: E402
 from cachebuild.causal import parse_causal_config  # noqa: E402
 from cachebuild.config_file import load_toml  # noqa: E402
 from cachebuild.format.codec import parse_codec  # noqa: E402

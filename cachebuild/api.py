@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from cachebuild.build import BuildOptions, BuildSummary, build_cache
-from cachebuild.build.source import RecordSource
+from cachebuild.builder import BuildOptions, BuildSummary, build_cache
+from cachebuild.builder.source import RecordSource
 from cachebuild.config_file import apply_overrides, load_toml
 from cachebuild.errors import ConfigError
 from cachebuild.format.codec import parse_codec

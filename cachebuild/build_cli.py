@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from cachebuild.build.backends import BACKENDS
+from cachebuild.builder.backends import BACKENDS
 
 __all__ = ["build_command"]
 

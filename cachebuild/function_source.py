@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from cachebuild.build.plan import BLOCK_RECORDS, block_rng
+from cachebuild.builder.plan import BLOCK_RECORDS, block_rng
 from cachebuild.errors import ConfigError, SourceError
 from cachebuild.format.shard_writer import JSON_DTYPE
 

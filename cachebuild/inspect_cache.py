@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from cachebuild.build.builder import ratio_text
+from cachebuild.builder.builder import ratio_text
 from cachebuild.errors import ConfigError
 from cachebuild.format.manifest import read_manifest
 from cachebuild.format.shard_reader import ShardReader

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from cachebuild.build import BuildOptions, BuildSummary, build_cache
+from cachebuild.builder import BuildOptions, BuildSummary, build_cache
 from cachebuild.errors import ConfigError, SourceError
 from cachebuild.recipes import Recipe, load_recipe
 
@@ -94,7 +94,7 @@ def mel_source_from(
     h5_datasets: Mapping[str, str] | None = None,
 ) -> Any:
     """The mel build source of a parsed recipe and exactly one input (HDF5 file, WAV folder or N synthetic clips)."""
-    from cachebuild.build.mel_source import MelBuildSource
+    from cachebuild.builder.mel_source import MelBuildSource
     from cachebuild.checks import MAX_RECORDS, whole
     from cachebuild.errors import ConfigError
     from cachebuild.mel.config import parse_mel_config

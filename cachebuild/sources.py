@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from cachebuild.build.source import RecordSource
+from cachebuild.builder.source import RecordSource
 from cachebuild.errors import ConfigError, SourceError
 from cachebuild.recipes import Recipe
 
@@ -42,7 +42,7 @@ class SourceKind:
 
 
 def _make_causal(recipe: Recipe) -> "tuple[RecordSource, int | None]":
-    from cachebuild.build.causal_source import CausalSource
+    from cachebuild.builder.causal_source import CausalSource
     from cachebuild.causal import parse_causal_config
 
     return CausalSource(parse_causal_config(recipe.table)), None

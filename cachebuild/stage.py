@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from cachebuild.build.markers import file_sha256
+from cachebuild.builder.markers import file_sha256
 from cachebuild.errors import CacheBuildError, ConfigError, OutputError, ShardCorruptError
 from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name, output_error, tmp_name
 from cachebuild.format.index_check import check_shard

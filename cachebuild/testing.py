@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Iterator
 
 import numpy as np
 
-from cachebuild.build.plan import BLOCK_RECORDS, block_rng
+from cachebuild.builder.plan import BLOCK_RECORDS, block_rng
 
 __all__ = ["ToySource"]
 

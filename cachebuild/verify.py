@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachebuild.build.markers import file_sha256
+from cachebuild.builder.markers import file_sha256
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.index_check import check_member_keys
 from cachebuild.format.manifest import Manifest, read_manifest

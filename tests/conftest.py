@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cachebuild.build import BuildOptions, build_cache
+from cachebuild.builder import BuildOptions, build_cache
 from cachebuild.format.codec import Codec
 from cachebuild.testing import ToySource
 

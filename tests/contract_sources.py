@@ -56,7 +56,7 @@ def _block(rng: np.random.Generator, start: int, stop: int, width: int = 4) -> d
 def make(name: str, user_dir: Path | None = None) -> RecordSource:
     """The contract test's instance of source ``name``."""
     if name == "causal":
-        from cachebuild.build.causal_source import CausalSource
+        from cachebuild.builder.causal_source import CausalSource
         from cachebuild.causal import parse_causal_config
 
         return CausalSource(parse_causal_config({"graph": {"n_min": 3, "n_max": 5}, "samples": {"base": 8, "per_intervention": 8}}))

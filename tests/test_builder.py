@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cachebuild.build.markers import BUILD_RECORD, file_sha256
-from cachebuild.build.mismatch import fingerprint_doc_of_manifest
+from cachebuild.builder.markers import BUILD_RECORD, file_sha256
+from cachebuild.builder.mismatch import fingerprint_doc_of_manifest
 from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
 from cachebuild.format import read_manifest
 from cachebuild.verify import verify_cache

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachebuild.build import BuildOptions, build_cache
-from cachebuild.build.causal_source import CAUSAL_BLOCK, CausalSource
-from cachebuild.build.determinism import numpy_simd_features
-from cachebuild.build.markers import file_sha256
+from cachebuild.builder import BuildOptions, build_cache
+from cachebuild.builder.causal_source import CAUSAL_BLOCK, CausalSource
+from cachebuild.builder.determinism import numpy_simd_features
+from cachebuild.builder.markers import file_sha256
 from cachebuild.causal import CausalConfig
 from cachebuild.causal.sampler import sub_block_size
 from cachebuild.errors import CacheMismatchError
@@ -69,8 +69,8 @@ def test_another_numpy_version_refuses_to_resume(tmp_path: Path, monkeypatch: py
 
 _CHILD = """
 import json, sys
-from cachebuild.build import BuildOptions, build_cache
-from cachebuild.build.causal_source import CausalSource
+from cachebuild.builder import BuildOptions, build_cache
+from cachebuild.builder.causal_source import CausalSource
 from cachebuild.causal import CausalConfig
 build_cache(CausalSource(CausalConfig()), BuildOptions(out=sys.argv[1], records=300, workers=1, progress=False, sync=False))
 print(json.dumps(json.load(open(sys.argv[1] + "/manifest.json"))["build"]))

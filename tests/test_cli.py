@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cachebuild.build.markers import file_sha256
+from cachebuild.builder.markers import file_sha256
 from cachebuild.cli import main
 from cachebuild.format import read_manifest
 from cachebuild.verify import verify_cache

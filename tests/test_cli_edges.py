@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cachebuild.build.lock import LOCK_NAME
-from cachebuild.build.markers import file_sha256
+from cachebuild.builder.lock import LOCK_NAME
+from cachebuild.builder.markers import file_sha256
 from cachebuild.cli import main
 from cachebuild.verify import verify_cache
 
@@ -68,7 +68,7 @@ def _build_cmd(out: Path, graphs: int) -> list[str]:
     return [*CLI, "generate", "--graphs", str(graphs), "--out", str(out), "--shard-mb", "1", "--workers", "1", "-q"]
 
 
-HOLDER = "import sys; from cachebuild.build.lock import build_lock\nwith build_lock(sys.argv[1]):\n    print('held', flush=True); sys.stdin.read()"
+HOLDER = "import sys; from cachebuild.builder.lock import build_lock\nwith build_lock(sys.argv[1]):\n    print('held', flush=True); sys.stdin.read()"
 
 
 def test_a_second_builder_is_refused_naming_the_holder_and_the_cache_stays_identical(tmp_path, cache):

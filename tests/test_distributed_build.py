@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cachebuild.build.markers import file_sha256
+from cachebuild.builder.markers import file_sha256
 from conftest import build_toy
 
 pytestmark = pytest.mark.dist

@@ -114,7 +114,7 @@ def test_generate_and_mel_are_short_forms_of_build(tmp_path: Path) -> None:
 
 
 def test_fingerprint_records_the_block_size_the_bytes_depend_on(tmp_path: Path) -> None:
-    from cachebuild.build.causal_source import CAUSAL_BLOCK
+    from cachebuild.builder.causal_source import CAUSAL_BLOCK
     from cachebuild.format.manifest import read_manifest
 
     res = CliRunner().invoke(main, ["build", "-c", str(REPO / "configs" / "causal-users-2026-01-15.toml"), "--records", "40", "-o", str(tmp_path / "c"), "-q", "-j", "1"])

@@ -1,8 +1,8 @@
 """Checked by mypy in tests/test_open_builder.py: every source we ship is a RecordSource."""
 
 from cachebuild import FunctionSource, RecordSource
-from cachebuild.build.causal_source import CausalSource
-from cachebuild.build.mel_source import MelBuildSource
+from cachebuild.builder.causal_source import CausalSource
+from cachebuild.builder.mel_source import MelBuildSource
 from cachebuild.causal import CausalConfig
 from cachebuild.mel.config import MelConfig
 from cachebuild.testing import ToySource

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
-from cachebuild.build.plan import block_rng
+from cachebuild.builder.plan import block_rng
 from cachebuild.causal import CAUSAL_FIELDS, CausalConfig, generate_graphs
 from cachebuild.causal.sampler import sub_block_size
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from cachebuild.build.plan import BLOCK_RECORDS, ShardSpec
-from cachebuild.build.source import RecordSource
+from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec
+from cachebuild.builder.source import RecordSource
 from cachebuild.errors import CacheBuildError, SourceError
 from cachebuild.format.shard_writer import JSON_DTYPE, ShardWriter
 

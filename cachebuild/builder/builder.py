@@ -20,15 +20,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cachebuild.build.backends import BACKENDS, run_jobs
-from cachebuild.build.checked import block_records_of, fill_shard, probe_source
-from cachebuild.build.determinism import build_environment, source_determinism
-from cachebuild.build.lock import LOCK_NAME, build_lock
-from cachebuild.build.mismatch import describe_differences, fingerprint_doc_of_manifest
-from cachebuild.build.markers import BUILD_RECORD, done_name, read_valid_done, write_done
-from cachebuild.build.output import LocalOutput, Output, open_output
-from cachebuild.build.plan import BLOCK_RECORDS, ShardSpec, plan_shards
-from cachebuild.build.source import RecordSource
+from cachebuild.builder.backends import BACKENDS, run_jobs
+from cachebuild.builder.checked import block_records_of, fill_shard, probe_source
+from cachebuild.builder.determinism import build_environment, source_determinism
+from cachebuild.builder.lock import LOCK_NAME, build_lock
+from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
+from cachebuild.builder.markers import BUILD_RECORD, done_name, read_valid_done, write_done
+from cachebuild.builder.output import LocalOutput, Output, open_output
+from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
+from cachebuild.builder.source import RecordSource
 from cachebuild.checks import MAX_RECORDS, MAX_SHARDS
 from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
 from cachebuild.format.atomic import is_tmp_name, output_error

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cachebuild.build.markers import file_sha256, read_json, write_json
+from cachebuild.builder.markers import file_sha256, read_json, write_json
 from cachebuild.errors import CacheBuildError, OutputError
 
 __all__ = ["Output", "LocalOutput", "RemoteOutput", "open_output", "is_url"]

@@ -2,8 +2,8 @@
 
 A source is a small, picklable description of how to make records; the builder
 owns planning, files, parallelism and resume. Our own sources
-(:class:`~cachebuild.build.causal_source.CausalSource`,
-:class:`~cachebuild.build.mel_source.MelBuildSource`) and the adapter
+(:class:`~cachebuild.builder.causal_source.CausalSource`,
+:class:`~cachebuild.builder.mel_source.MelBuildSource`) and the adapter
 :class:`~cachebuild.function_source.FunctionSource` satisfy this protocol; so
 does any frozen dataclass with the same members.
 """
