@@ -247,7 +247,7 @@ def _read_and_decompress(shards: Any, ids: np.ndarray, fields: list[str]) -> tup
     """Seconds to gather the stored payloads of ``fields`` of ``ids`` from the mmaps, and to zstd-decode them."""
     import zstandard
 
-    from loaders.blockread import _gather_entries, _payloads, _plan_frames
+    from cachebuild.format.decode import _gather_entries, _payloads, _plan_frames
     from cachebuild.format.shard_writer import JSON_DTYPE
 
     names = [n for n in fields if shards.manifest.fields[shards.field_pos[n]].dtype != JSON_DTYPE]

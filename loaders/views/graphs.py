@@ -35,7 +35,7 @@ import numpy as np
 
 from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
-from loaders.blockread import read_block
+from cachebuild.format.decode import read_block
 from loaders.shards import ShardSet
 from loaders.plan import BatchItems
 from loaders.views.base import View, copy_repeats, field_layout, pad_mask, require_fields, resolve_delta

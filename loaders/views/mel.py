@@ -71,7 +71,7 @@ import numpy as np
 
 from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
-from loaders.blockread import FieldBlock, read_block
+from cachebuild.format.decode import FieldBlock, read_block
 from loaders.plan import BatchItems
 from loaders.shards import ShardSet
 from loaders.pools import DEFAULT_MIX, max_records_per_batch

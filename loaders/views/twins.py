@@ -68,7 +68,7 @@ import numpy as np
 
 from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
-from loaders.blockread import read_block
+from cachebuild.format.decode import read_block
 from loaders.shards import ShardSet
 from loaders.plan import BatchItems
 from loaders.pools import DEFAULT_MIX, chunk_lengths, max_records_per_batch
