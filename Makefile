@@ -62,7 +62,7 @@ gpu-check:
 ramdisk-stage: venv
 	$(BIN)/cachebuild stage $(CACHE) $(DST)
 
-# where ramdisk-stage puts CACHE when DST is not given (same rule as cachebuild.stage.default_dst)
+# where ramdisk-stage puts CACHE when DST is not given (same rule as cachebuild.tools.stage.default_dst)
 STAGED = $(if $(DST),$(DST),/dev/shm/cachebuild/$(notdir $(abspath $(CACHE))))
 
 ramdisk-clean: venv

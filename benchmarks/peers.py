@@ -47,7 +47,7 @@ import torch
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cachebuild.format import Manifest, ShardReader, read_manifest  # noqa: E402
+from cachebuild.format import Manifest, ShardSet, open_cache, read_manifest, read_record  # noqa: E402
 from loaders.loader import shutdown_workers  # noqa: E402
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # no PyPI request from litdata.optimize
@@ -246,12 +246,10 @@ def webdataset_rate(cache_dir: str | Path, num_workers: int, batch_size: int, li
 # --------------------------------------------------------------------------- LitData
 
 
-def _open_shard(cache_dir: str, shard: int) -> ShardReader:
-    manifest = read_manifest(cache_dir)
-    entry = manifest.shards[shard]
-    fields = [(f.name, f.dtype) for f in manifest.fields]
-    root = Path(cache_dir)
-    return ShardReader(root / entry.name, root / entry.index, fields, manifest.codec, entry.first_record)
+def _open_shard(cache_dir: str, shard: int) -> tuple[ShardSet, int]:
+    """The cache's shards (the format's one reader) and the first record id of ``shard``."""
+    shards = open_cache(cache_dir)
+    return shards, shards.manifest.shards[shard].first_record
 
 
 def _array_fields(manifest: Manifest) -> list[str]:
@@ -261,19 +259,23 @@ def _array_fields(manifest: Manifest) -> list[str]:
 def _causal_samples(task: tuple[str, int, int, int]) -> Iterator[dict[str, np.ndarray]]:
     """litdata.optimize fn: one sample per graph (its array fields) for records [a, b) of a shard."""
     cache_dir, shard, a, b = task
-    with _open_shard(cache_dir, shard) as reader:
-        names = _array_fields(read_manifest(cache_dir))
+    shards, first = _open_shard(cache_dir, shard)
+    with shards:
+        names = _array_fields(shards.manifest)
         for r in range(a, b):
-            yield {k: np.array(reader.read(r, k)) for k in names}
+            rec = read_record(shards, first + r)
+            yield {k: rec[k] for k in names}
 
 
 def _mel_segment_samples(task: tuple[str, int, int, int]) -> Iterator[dict[str, np.ndarray]]:
     """litdata.optimize fn: one sample per mel segment ``[n_mels, t]`` float16 plus the file's label."""
     cache_dir, shard, a, b = task
-    with _open_shard(cache_dir, shard) as reader:
+    shards, first = _open_shard(cache_dir, shard)
+    with shards:
         for r in range(a, b):
-            mel = reader.read(r, "mel")  # [num_long, num_short, n_mels, t]
-            label = np.array(reader.read(r, "label"), dtype=np.int16)
+            rec = read_record(shards, first + r)
+            mel = rec["mel"]  # [num_long, num_short, n_mels, t]
+            label = np.array(rec["label"], dtype=np.int16)
             for seg in mel.reshape(-1, *mel.shape[-2:]):
                 yield {"mel": np.ascontiguousarray(seg), "label": label}
 
@@ -328,7 +330,7 @@ def litdata_prepare(
 ) -> Path:
     """Rewrite a causal cache with ``litdata.optimize``: one sample per graph, a dict of its arrays.
 
-    Records are read from our shards with :class:`ShardReader`; chunks of
+    Records are read from our shards with :func:`cachebuild.format.read_record`; chunks of
     ~64 MB, 2 workers, ``compression`` ``"zstd"`` or ``None``.
     ``compression_level`` is LitData's framing: ``None`` = its default
     (``"batch"``: zstd frames of 256 samples inside each chunk), ``"chunk"``
@@ -395,15 +397,18 @@ def _payloads(cache_dir: str | Path, sample_graphs: int) -> tuple[list[bytes], i
     arrays = set(_array_fields(manifest))
     frames: list[bytes] = []
     records = array_bytes = 0
-    for shard in range(len(manifest.shards)):
-        with _open_shard(str(cache_dir), shard) as reader:
-            for r in range(min(len(reader), sample_graphs - records)):
-                for j, (name, _) in enumerate(reader.fields):
-                    frames.append(bytes(reader.payload(r, name)))
-                    array_bytes += int(reader.index[r, j]["nbytes"]) if name in arrays else 0
+    with open_cache(cache_dir) as shards:
+        for shard in range(len(manifest.shards)):
+            sh = shards.shard(shard)
+            for r in range(min(len(sh.index), sample_graphs - records)):
+                for j, f in enumerate(manifest.fields):
+                    e = sh.index[r, j]
+                    frames.append(bytes(sh.view[int(e["offset"]) : int(e["offset"]) + int(e["size"])]))
+                    array_bytes += int(e["nbytes"]) if f.name in arrays else 0
                 records += 1
-        if records >= sample_graphs:
-            break
+            shards.release([shard])
+            if records >= sample_graphs:
+                break
     return frames, records, array_bytes
 
 

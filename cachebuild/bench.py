@@ -217,7 +217,7 @@ def _drain(
 
 def _decoded_bytes_per_record(stream: Any, fields: list[str]) -> float:
     """Mean decoded array bytes per record of ``fields`` (from the indexes)."""
-    from loaders.shards import ShardSet
+    from cachebuild.format.reader import ShardSet
 
     shards = ShardSet(stream.manifest, stream.root)
     try:
@@ -248,7 +248,7 @@ def _read_and_decompress(shards: Any, ids: np.ndarray, fields: list[str]) -> tup
     import zstandard
 
     from cachebuild.format.decode import _gather_entries, _payloads, _plan_frames
-    from cachebuild.format.shard_writer import JSON_DTYPE
+    from cachebuild.format.names import JSON_DTYPE
 
     names = [n for n in fields if shards.manifest.fields[shards.field_pos[n]].dtype != JSON_DTYPE]
     names.sort(key=lambda n: -np.dtype(shards.manifest.schema(n).dtype).itemsize)
@@ -273,7 +273,7 @@ def stage_times(stream: Any, sample: int = 8, device: Any = None) -> dict[str, A
     import torch
 
     from loaders.batch import PackedBatch
-    from loaders.shards import ShardSet
+    from cachebuild.format.reader import ShardSet
 
     view = stream.view
     module = sys.modules[type(view).__module__]
@@ -511,7 +511,7 @@ def run_bench(
 
 def _view_fields(stream: Any) -> list[str]:
     """The stored fields the view decodes for one batch (recorded from its ``read_block`` call)."""
-    from loaders.shards import ShardSet
+    from cachebuild.format.reader import ShardSet
 
     view = stream.view
     module = sys.modules[type(view).__module__]
@@ -528,7 +528,7 @@ def _view_fields(stream: Any) -> list[str]:
     finally:
         module.read_block = real
         shards.close()
-    from cachebuild.format.shard_writer import JSON_DTYPE
+    from cachebuild.format.names import JSON_DTYPE
 
     names = list(dict.fromkeys(n for _, fields in rec.calls for n in fields))
     return [n for n in names if stream.manifest.schema(n).dtype != JSON_DTYPE]

@@ -202,7 +202,7 @@ def verify(cache: Path, no_decode: bool, quiet: bool) -> None:
 
     Prints each fault (shard, record, field) and exits with status 3 if any.
     """
-    from cachebuild.verify import verify_cache
+    from cachebuild.tools.verify import verify_cache
 
     report = verify_cache(cache, decode=not no_decode, progress=not quiet)
     for fault in report.faults:
@@ -220,7 +220,7 @@ def verify(cache: Path, no_decode: bool, quiet: bool) -> None:
 @_friendly
 def inspect(cache: Path, record: int) -> None:
     """Print counts, sizes, compression ratio, the recipe, field schemas and one record of CACHE."""
-    from cachebuild.inspect_cache import inspect_cache
+    from cachebuild.tools.inspect import inspect_cache
 
     for line in inspect_cache(cache, record):
         click.echo(line)

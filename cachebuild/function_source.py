@@ -25,7 +25,7 @@ import numpy as np
 
 from cachebuild.builder.plan import BLOCK_RECORDS, block_rng
 from cachebuild.errors import ConfigError, SourceError
-from cachebuild.format.shard_writer import JSON_DTYPE
+from cachebuild.format.names import JSON_DTYPE
 
 __all__ = ["FunctionSource", "function_name"]
 

@@ -1,4 +1,4 @@
-"""``cachebuild stage`` and ``cachebuild unstage``: thin click commands over :mod:`cachebuild.stage`.
+"""``cachebuild stage`` and ``cachebuild unstage``: thin click commands over :mod:`cachebuild.tools.stage`.
 
 Registered on the main group with ``main.add_command(stage_command)`` and
 ``main.add_command(unstage_command)``. Errors go through the CLI's one-line
@@ -41,7 +41,7 @@ def stage_command(src: Path, dst: Path | None, workers: int | None, rehash: bool
       sudo mount -t tmpfs -o size=40G tmpfs /mnt/cache
       cachebuild stage cache/causal /mnt/cache/causal
     """
-    from cachebuild.stage import stage_cache
+    from cachebuild.tools.stage import stage_cache
 
     def run() -> None:
         result = stage_cache(src, dst, progress=not quiet, workers=workers, rehash=rehash)
@@ -55,7 +55,7 @@ def stage_command(src: Path, dst: Path | None, workers: int | None, rehash: bool
 @click.argument("dst", type=click.Path(path_type=Path))
 def unstage_command(dst: Path) -> None:
     """Remove a cache staged by `cachebuild stage` from DST (refuses any other folder)."""
-    from cachebuild.stage import unstage_cache
+    from cachebuild.tools.stage import unstage_cache
 
     def run() -> None:
         for line in unstage_cache(dst).lines():

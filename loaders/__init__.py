@@ -13,9 +13,9 @@ loader2.load_state_dict(state)       # fresh process: the same remaining batches
 ```
 
 Modules: :mod:`~loaders.world` (rank/worker), :mod:`~loaders.plan` (the epoch
-plan, pure functions), :mod:`~loaders.shards` (memory-mapped shards and their
-indexes, opened lazily), :mod:`~loaders.blockread` (many records' fields
-decoded at once), :mod:`~loaders.views` (records -> batches;
+plan, pure functions), :mod:`cachebuild.format.reader` (memory-mapped shards and their
+indexes, opened lazily and checked; :mod:`~loaders.shards` fetches remote ones),
+:mod:`cachebuild.format.decode` (many records' fields decoded at once), :mod:`~loaders.views` (records -> batches;
 ``records``, ``graphs``, ``twins``, and a registry for more),
 :mod:`~loaders.batch` (packed fixed layouts), :mod:`~loaders.slots` (reused
 shared-memory buffers between workers and the main process), :mod:`~loaders.stream`

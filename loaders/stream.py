@@ -3,7 +3,7 @@
 It composes the parts: the manifest (what the cache holds), a view (how
 records become batches, :mod:`loaders.views`), the epoch plan (which items go
 in which batch, :mod:`loaders.plan`), the block reader (records by id from
-memory-mapped shards, :mod:`loaders.blockread`) and the world (rank, worker,
+memory-mapped shards, :mod:`cachebuild.format.reader` and :mod:`cachebuild.format.decode`) and the world (rank, worker,
 :mod:`loaders.world`, read when iteration starts). Batches are built whole,
 where the stream runs (a DataLoader worker, or the main process), so the
 DataLoader is used with ``batch_size=None``.
@@ -36,11 +36,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import read_manifest
+from cachebuild.format.reader import ShardSet, check_shard_files, local_path
 from loaders.batch import Batch, Layout, PackedBatch
 from loaders.passes import Control, Progress
 from loaders.plan import DEFAULT_WINDOW, EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
-from loaders.shards import RemoteFiles, ShardSet, check_shard_files, local_path
+from loaders.shards import RemoteFiles
 from loaders.slots import SlotRings
 from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state
 from loaders.views import make_view
@@ -106,7 +107,7 @@ class ShardStream(IterableDataset):
             prefetch, timeouts, retries, fsspec storage options); default
             :class:`loaders.remote.RemoteOptions()`. Ignored for local caches.
         verify: ``"crc"`` (default: raw payloads' crc32 checked on every read) or ``"size"``
-            (see :data:`loaders.blockread.VERIFY_MODES`).
+            (see :data:`cachebuild.format.reader.VERIFY_MODES`).
         decode_threads: zstd threads when iterating in the main process
             (default: up to 4); DataLoader workers always use 1.
         **view_options: passed to the view (e.g. ``compact=True`` for twins; ``mix=`` records

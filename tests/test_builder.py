@@ -15,7 +15,7 @@ from cachebuild.builder.markers import BUILD_RECORD, file_sha256
 from cachebuild.builder.mismatch import fingerprint_doc_of_manifest
 from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
 from cachebuild.format import read_manifest
-from cachebuild.verify import verify_cache
+from cachebuild.tools.verify import verify_cache
 from conftest import build_toy
 
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from cachebuild.builder.markers import file_sha256
 from cachebuild.cli import main
 from cachebuild.format import read_manifest
-from cachebuild.verify import verify_cache
+from cachebuild.tools.verify import verify_cache
 
 CLI = [sys.executable, "-m", "cachebuild.cli"]
 

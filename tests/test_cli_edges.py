@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from cachebuild.builder.lock import LOCK_NAME
 from cachebuild.builder.markers import file_sha256
 from cachebuild.cli import main
-from cachebuild.verify import verify_cache
+from cachebuild.tools.verify import verify_cache
 
 CLI = [sys.executable, "-m", "cachebuild.cli"]
 ROOT = Path(__file__).resolve().parents[1]

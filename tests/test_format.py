@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cachebuild.errors import ManifestError, ShardCorruptError
-from cachebuild.format import ShardReader, read_manifest
+from cachebuild.format import open_cache, read_block, read_manifest, read_record
 from cachebuild.format.npy import npy_header
 from cachebuild.format.tarball import tar_header
 from cachebuild.testing import ToySource
@@ -29,18 +29,23 @@ def _expected_records(manifest):
 
 
 def _readers(root: Path):
-    m = read_manifest(root)
-    fields = [(f.name, f.dtype) for f in m.fields]
-    return m, [ShardReader(root / s.name, root / s.index, fields, m.codec, s.first_record, s.bytes, check_crc=True) for s in m.shards]
+    """The cache's shards, every one opened (and so checked) now."""
+    shards = open_cache(root)
+    for s in range(len(shards.manifest.shards)):
+        shards.shard(s)
+    return shards.manifest, shards
 
 
 @pytest.mark.parametrize("cache", ["toy_cache", "toy_cache_raw"])
 def test_round_trip_every_record(cache, request):
     root = request.getfixturevalue(cache)
-    m, readers = _readers(root)
+    m, shards = _readers(root)
     expected = _expected_records(m)
-    got = [r.read_record(i) for r in readers for i in range(len(r))]
+    got = [read_record(shards, rid) for rid in range(m.records)]
     assert len(got) == len(expected) == m.records == 600
+    block = read_block(shards, np.arange(m.records)[::-1], ["vec", "ident"])  # many records at once, any order
+    np.testing.assert_array_equal(block["ident"].dense(), np.arange(m.records)[::-1])
+    np.testing.assert_array_equal(block["vec"].dense(), np.stack([e["vec"] for e in expected[::-1]]))
     assert len(m.shards) > 3
     for gid, (g, e) in enumerate(zip(got, expected)):
         assert int(g["ident"]) == gid
@@ -81,7 +86,7 @@ def test_python_tarfile_lists_members_in_order(toy_cache):
 
 @pytest.mark.skipif(shutil.which("tar") is None or shutil.which("zstd") is None, reason="needs the tar and zstd commands")
 def test_real_tar_and_zstd_recover_npy(toy_cache, tmp_path):
-    m, readers = _readers(toy_cache)
+    m, shards = _readers(toy_cache)
     shard = toy_cache / m.shards[1].name
     listing = subprocess.run(["tar", "-tf", str(shard)], check=True, capture_output=True, text=True).stdout.split()
     assert listing[0] == f"{m.shards[1].first_record:010d}.mat.npy.zst"
@@ -89,14 +94,14 @@ def test_real_tar_and_zstd_recover_npy(toy_cache, tmp_path):
     member = tmp_path / listing[0]
     subprocess.run(["zstd", "-q", "-d", str(member), "-o", str(tmp_path / "x.npy")], check=True)
     arr = np.load(tmp_path / "x.npy", allow_pickle=False)
-    np.testing.assert_array_equal(arr, readers[1].read(0, "mat"))
+    np.testing.assert_array_equal(arr, read_record(shards, m.shards[1].first_record)["mat"])
 
 
 def test_webdataset_with_zst_decoder_yields_same_arrays(toy_cache):
     wds = pytest.importorskip("webdataset")
     import zstandard
 
-    m, readers = _readers(toy_cache)
+    m, shards = _readers(toy_cache)
     dctx = zstandard.ZstdDecompressor()
 
     def unzst(sample):
@@ -114,8 +119,7 @@ def test_webdataset_with_zst_decoder_yields_same_arrays(toy_cache):
     count = 0
     for sample in ds:
         gid = int(sample["__key__"])
-        s = int(np.searchsorted(m.shard_starts(), gid, side="right") - 1)
-        ours = readers[s].read_record(gid - m.shards[s].first_record)
+        ours = read_record(shards, gid)
         np.testing.assert_array_equal(sample["mat.npy"], ours["mat"])
         np.testing.assert_array_equal(sample["vec.npy"], ours["vec"])
         count += 1
@@ -138,26 +142,28 @@ def test_truncated_shard_is_named(toy_cache, tmp_path):
 
 def test_corrupt_payload_names_shard_record_field(toy_cache, tmp_path):
     root = _copy(toy_cache, tmp_path / "c")
-    m, readers = _readers(root)
-    e = readers[0].index[3, 0]
+    m, shards = _readers(root)
+    e = shards.index(0)[3, 0]
+    shards.close()
     buf = bytearray((root / m.shards[0].name).read_bytes())
     buf[int(e["offset"]) + int(e["size"]) // 2] ^= 0xFF
     (root / m.shards[0].name).write_bytes(bytes(buf))
-    _, readers = _readers(root)
+    _, shards = _readers(root)
     with pytest.raises(ShardCorruptError, match=r"shard-00000.tar, record 0000000003, field 'mat'"):
-        readers[0].read(3, "mat")
+        read_record(shards, 3)
 
 
 def test_corrupt_raw_payload_detected_by_crc(toy_cache_raw, tmp_path):
     root = _copy(toy_cache_raw, tmp_path / "c")
-    m, readers = _readers(root)
-    e = readers[0].index[5, 1]
+    m, shards = _readers(root)
+    e = shards.index(0)[5, 1]
+    shards.close()
     buf = bytearray((root / m.shards[0].name).read_bytes())
     buf[int(e["offset"]) + int(e["size"]) - 3] ^= 0x01
     (root / m.shards[0].name).write_bytes(bytes(buf))
-    _, readers = _readers(root)
-    with pytest.raises(ShardCorruptError, match=r"record 0000000005, field 'vec'"):
-        readers[0].read(5, "vec")
+    _, shards = _readers(root)
+    with pytest.raises(ShardCorruptError, match=r"record 0000000005, field 'vec': crc32 mismatch"):
+        read_record(shards, 5)
 
 
 def test_missing_and_malformed_manifest(tmp_path, toy_cache):

@@ -43,13 +43,13 @@ RUNNER = textwrap.dedent(
     cache, dst, actions = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 
     def verify():
-        from cachebuild.verify import verify_cache
+        from cachebuild.tools.verify import verify_cache
         report = verify_cache(cache)
         if report.faults:
             return report.faults[0]
 
     def inspect():
-        from cachebuild.inspect_cache import inspect_cache
+        from cachebuild.tools.inspect import inspect_cache
         inspect_cache(cache, 0)
 
     def loader(workers):
@@ -68,7 +68,7 @@ RUNNER = textwrap.dedent(
             shutdown_workers(dl)
 
     def stage():
-        from cachebuild.stage import stage_cache
+        from cachebuild.tools.stage import stage_cache
         stage_cache(cache, dst, progress=False)
 
     run = {"verify": verify, "inspect": inspect, "loader0": lambda: loader(0), "loader2": lambda: loader(2), "stage": stage}

@@ -11,7 +11,7 @@ import pytest
 
 from cachebuild.errors import ManifestError, ShardCorruptError
 from cachebuild.format import read_manifest
-from cachebuild.format.shard_writer import record_key
+from cachebuild.format.names import record_key
 from loader_fixtures import Reference, batches_equal, causal_cache, causal_cache_raw  # noqa: F401
 from loaders import ShardStream, make_loader
 from loaders import loader as loader_mod

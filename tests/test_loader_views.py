@@ -1,4 +1,4 @@
-"""Every value a view yields equals the value in the shard (read with ShardReader); padding and masks are right."""
+"""Every value a view yields equals the value in the shard (read with a plain tarfile + zstd reader); padding and masks are right."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from cachebuild.cli import main
 from cachebuild.errors import SourceError
 from cachebuild.format import read_manifest
-from cachebuild.format.shard_reader import ShardReader
+from cachebuild.format import open_cache, read_record
 from cachebuild.mel import H5Source, MelConfig, log_mel, parse_mel_config
 from cachebuild.mel.h5 import StoredMelWarning
 from cachebuild.mel.filterbank import mel_filterbank
@@ -394,11 +394,8 @@ def test_stored_shape_against_the_config_names_the_flag(tmp_path):
 
 # ----------------------------------------------------------------- CLI
 def _read_record(root: Path, i: int = 0) -> dict:
-    m = read_manifest(root)
-    e = m.shards[0]
-    with ShardReader(root / e.name, root / e.index, [(f.name, f.dtype) for f in m.fields],
-                     m.codec, e.first_record, e.bytes) as reader:
-        return reader.read_record(i)
+    with open_cache(root) as shards:
+        return read_record(shards, i, strict=True)
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:

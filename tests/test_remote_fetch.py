@@ -6,10 +6,12 @@ import shutil
 import threading
 import time
 
+import numpy as np
 import pytest
+import zstandard
 
 from cachebuild.errors import RemoteError, ShardCorruptError
-from cachebuild.format import ShardReader
+from cachebuild.format.reader import open_shard
 from loaders.remote import LocalShardCache, RemoteOptions, ShardFetcher, fetch_manifest
 from remote_fixtures import serve_folder
 
@@ -36,12 +38,14 @@ def test_fetch_all_shards_within_limit(toy_cache, tmp_path):
 
         t = threading.Thread(target=watch)
         t.start()
-        fields = [(x.name, x.dtype) for x in m.fields]
+        j = m.field_names.index("ident")
         seen = 0
         for i, e in enumerate(m.shards):
-            with f.open(i, lambda tar, idx: ShardReader(tar, idx, fields, m.codec, e.first_record, e.bytes)) as r:
-                assert int(r.read(0, "ident")) == e.first_record
-                seen += len(r)
+            with f.open(i, lambda tar, idx: open_shard(m, e, tar, idx)) as sh:  # sizes, index and keys checked
+                ent = sh.index[0, j]
+                member = zstandard.ZstdDecompressor().decompress(sh.view[int(ent["offset"]) : int(ent["offset"]) + int(ent["size"])])
+                assert int(np.frombuffer(member[-8:], np.int64)[0]) == e.first_record
+                seen += len(sh.index)
         stop.set()
         t.join()
         f.close()

@@ -15,7 +15,7 @@ import pytest
 
 from cachebuild import RecordSource, build
 from cachebuild.format.manifest import read_manifest
-from cachebuild.verify import verify_cache
+from cachebuild.tools.verify import verify_cache
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))

@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 from conftest import build_toy
 
-import cachebuild.stage as stage_mod
+import cachebuild.tools.stage as stage_mod
 from cachebuild.errors import ConfigError, ManifestError, OutputError, ShardCorruptError
 from cachebuild.format.manifest import MANIFEST_NAME, read_manifest
-from cachebuild.stage import STAMP_NAME, default_dst, stage_cache, unstage_cache
+from cachebuild.tools.stage import STAMP_NAME, default_dst, stage_cache, unstage_cache
 from cachebuild.stage_cli import stage_command, unstage_command
-from cachebuild.verify import verify_cache
+from cachebuild.tools.verify import verify_cache
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ _KILLED_STAGER = textwrap.dedent(
     """
     import sys, threading, time
     from pathlib import Path
-    import cachebuild.stage as st
+    import cachebuild.tools.stage as st
     real, calls, lock = st._copy_file, [], threading.Lock()
     def slow(s, d, on_bytes, stop):
         with lock:

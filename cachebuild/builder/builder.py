@@ -37,7 +37,7 @@ from cachebuild.format.index import INDEX_DTYPE
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
-from cachebuild.format.shard_writer import ShardWriter, WrittenShard
+from cachebuild.format.shard_writer import ShardWriter
 
 __all__ = ["BuildOptions", "BuildSummary", "build_cache", "BACKENDS"]
 
@@ -223,7 +223,7 @@ def _damaged(out: Output, manifest: dict[str, Any]) -> bool:
     return False
 
 
-def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, codec: Codec, fingerprint: str, sync: bool, own_process: bool) -> WrittenShard:
+def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, codec: Codec, fingerprint: str, sync: bool, own_process: bool) -> ShardEntry:
     """Make one shard from scratch, publish it, then mark it done (runs in a worker)."""
     if own_process:
         tune_malloc()  # a build worker process, not the caller's
@@ -276,7 +276,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     out.write_json(BUILD_RECORD, {"fingerprint": fingerprint, "doc": doc, "kind": source.kind, "records": opts.records, "records_per_shard": per_shard}, opts.sync)
 
     deep = isinstance(out, LocalOutput)
-    done: dict[int, WrittenShard] = {}
+    done: dict[int, ShardEntry] = {}
     for spec in plan:
         shard = read_valid_done(out, spec.name, fingerprint, deep=deep)
         if shard is not None:
@@ -305,7 +305,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     return BuildSummary(out.location, opts.records, len(plan), len(todo), skipped, raw, stored, time.perf_counter() - t0)
 
 
-def _index_of(shard: WrittenShard) -> int:
+def _index_of(shard: ShardEntry) -> int:
     return int(shard.name.removeprefix("shard-").removesuffix(".tar"))
 
 
@@ -316,7 +316,7 @@ def _load_index(out: Output, name: str) -> np.ndarray:
     return index
 
 
-def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output, shards: list[WrittenShard], fingerprint: str, per_shard: int) -> None:
+def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output, shards: list[ShardEntry], fingerprint: str, per_shard: int) -> None:
     from cachebuild import __version__
 
     fields = list(source.fields())
@@ -327,7 +327,7 @@ def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output,
         seed=opts.seed,
         codec=opts.codec,
         fields=schemas_from_indexes(fields, indexes),
-        shards=tuple(ShardEntry(**s.to_dict()) for s in shards),
+        shards=tuple(shards),
         build={
             "fingerprint": fingerprint,
             "records_per_shard": per_shard,

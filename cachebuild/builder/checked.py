@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec
 from cachebuild.builder.source import RecordSource
 from cachebuild.errors import CacheBuildError, SourceError
-from cachebuild.format.shard_writer import JSON_DTYPE, ShardWriter
+from cachebuild.format.names import JSON_DTYPE
+from cachebuild.format.shard_writer import ShardWriter
 
 __all__ = ["fill_shard", "probe_source", "record_problem", "source_error", "block_records_of"]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.format.atomic import atomic_write_bytes
-from cachebuild.format.shard_writer import WrittenShard, index_name
+from cachebuild.format.manifest import ShardEntry
+from cachebuild.format.names import index_name
 
 __all__ = ["BUILD_RECORD", "done_name", "write_done", "read_valid_done", "file_sha256", "write_json", "read_json"]
 
@@ -46,12 +47,12 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def write_done(output: Any, shard: WrittenShard, fingerprint: str, sync: bool = True) -> None:
+def write_done(output: Any, shard: ShardEntry, fingerprint: str, sync: bool = True) -> None:
     """Mark ``shard`` complete (the last file written for it)."""
     output.write_json(done_name(shard.name), {"fingerprint": fingerprint, "shard": shard.to_dict()}, sync=sync)
 
 
-def read_valid_done(output: Any, name: str, fingerprint: str, deep: bool = True) -> WrittenShard | None:
+def read_valid_done(output: Any, name: str, fingerprint: str, deep: bool = True) -> ShardEntry | None:
     """The shard's record if it is complete and verifies, else None (so it is rebuilt).
 
     ``deep`` re-hashes the tar and index (always for local outputs); remote
@@ -62,7 +63,7 @@ def read_valid_done(output: Any, name: str, fingerprint: str, deep: bool = True)
     if not doc or doc.get("fingerprint") != fingerprint:
         return None
     try:
-        shard = WrittenShard(**doc["shard"])
+        shard = ShardEntry(**doc["shard"])
     except (KeyError, TypeError):
         return None
     if output.size(name) != shard.bytes or output.size(index_name(name)) is None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import zstandard
 
 from cachebuild.errors import ConfigError
+from cachebuild.format.names import ZSTD_SUFFIX
 
 __all__ = ["Codec", "parse_codec", "CODEC_NAMES"]
 
@@ -28,7 +29,7 @@ class Codec:
     @property
     def suffix(self) -> str:
         """File-name suffix added to each member (``.zst`` or nothing)."""
-        return ".zst" if self.name == "zstd" else ""
+        return ZSTD_SUFFIX if self.name == "zstd" else ""
 
     def compressor(self) -> "zstandard.ZstdCompressor | None":
         """A fresh compressor (not thread-safe; make one per writer)."""

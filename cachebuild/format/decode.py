@@ -13,7 +13,8 @@ Frames are ordered by (field, shape), so records of one shape sit at a uniform
 stride and each such run becomes one strided numpy view: padding into a batch
 is one array assignment per run (:meth:`FieldBlock.scatter`), not one per
 record. Faults raise :class:`ShardCorruptError` naming the shard, record and
-field. (:class:`ShardSet`, the open shards, lives in :mod:`loaders.shards`.)
+field. (:class:`ShardSet`, the open shards, lives in :mod:`cachebuild.format.reader`;
+whole records and the strict checks of `verify` are in :mod:`cachebuild.format.records`.)
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from cachebuild.errors import ShardCorruptError
 from cachebuild.format.index import MAX_NDIM
 from cachebuild.format.index_check import frame_headers, parse_frame_headers
 from cachebuild.format.limits import MAX_NPY_HEADER, load_json_bounded
-from cachebuild.format.shard_writer import JSON_DTYPE
-from loaders.shards import VERIFY_MODES, ShardSet, check_shard_files
+from cachebuild.format.names import JSON_DTYPE
+from cachebuild.format.reader import ShardSet
 
-__all__ = ["FieldBlock", "read_block", "ShardSet", "VERIFY_MODES", "check_shard_files"]
+__all__ = ["FieldBlock", "read_block"]
 
 _ALIGN = 8
 _ITEM_RE = re.compile(r"item (\d+)")

@@ -21,14 +21,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from cachebuild.errors import ShardCorruptError
+from cachebuild.format.codec import parse_codec
 from cachebuild.format.index import MAX_NDIM
 from cachebuild.format.limits import MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
+from cachebuild.format.names import JSON_DTYPE, KEY_DIGITS, member_name, record_key
 
-__all__ = ["check_index", "check_member_keys", "check_frames", "check_shard", "expected_member_names", "frame_content_sizes", "frame_headers", "parse_frame_headers"]
+__all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_names", "frame_content_sizes", "frame_headers", "parse_frame_headers"]
 
 _HEADER = MEMBER_MIN_BYTES
 _NAME_BYTES = 100
-
 
 def _field_limits(fields: Sequence[Any]) -> tuple[np.ndarray, ...]:
     """Per field: ndim, itemsize (0 for JSON), min and max shape padded with 1 to MAX_NDIM."""
@@ -37,10 +38,9 @@ def _field_limits(fields: Sequence[Any]) -> tuple[np.ndarray, ...]:
     lo, hi = np.ones((nf, MAX_NDIM), np.int64), np.ones((nf, MAX_NDIM), np.int64)
     for j, f in enumerate(fields):
         ndim[j] = f.ndim
-        item[j] = 0 if f.dtype == "json" else np.dtype(f.dtype).itemsize
+        item[j] = 0 if f.dtype == JSON_DTYPE else np.dtype(f.dtype).itemsize
         lo[j, : f.ndim], hi[j, : f.ndim] = f.min_shape, f.max_shape
     return ndim, item, lo, hi
-
 
 def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int | None) -> list[tuple[str, np.ndarray]]:
     """(what is wrong, bad mask ``[records, fields]``) for every check, in the order they are reported."""
@@ -70,11 +70,8 @@ def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int
     checks.append(("payload overlaps the member before it (members out of order)", overlap.reshape(off.shape)))
     return checks
 
-
 def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: int, shard: str, first_record: int, tar_size: int | None = None) -> None:
     """Raise :class:`ShardCorruptError` unless ``index`` agrees with the manifest (``fields``, ``records``) and the tar's size."""
-    from cachebuild.format.shard_writer import record_key
-
     if index.shape != (records, len(fields)):
         raise ShardCorruptError(f"shard {shard}: index has shape {list(index.shape)}, the manifest implies [{records}, {len(fields)}] (records, fields)")
     if not index.size:
@@ -89,23 +86,17 @@ def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: i
                 f"shape {[int(v) for v in e['shape']]})"
             )
 
-
 def expected_member_names(fields: Sequence[Any], codec: str, record_id: int) -> list[bytes]:
     """The tar member names the writer gives record ``record_id``'s fields, in field order."""
-    from cachebuild.format.codec import parse_codec
-    from cachebuild.format.shard_writer import member_name, record_key
-
     c = parse_codec(codec)
     return [member_name(record_key(record_id), f.name, f.dtype, c).encode() for f in fields]
 
-
 def _expected_names(fields: Sequence[Any], codec: str, first_record: int, rows: np.ndarray) -> np.ndarray:
     """``[len(rows), fields]`` fixed-width (``S100``) member names the writer gives those records."""
-    ids = np.char.zfill((first_record + rows).astype("U20"), 10)
-    suffixes = [n.decode()[len("0" * 10) :] for n in expected_member_names(fields, codec, 0)]
+    ids = np.char.zfill((first_record + rows).astype("U20"), KEY_DIGITS)
+    suffixes = [n.decode()[KEY_DIGITS:] for n in expected_member_names(fields, codec, 0)]
     cols = [np.char.add(ids, sfx) for sfx in suffixes]
     return np.stack(cols, axis=1).astype(f"S{_NAME_BYTES}") if cols else np.zeros((len(rows), 0), f"S{_NAME_BYTES}")
-
 
 def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec: str, shard: str, first_record: int, rows: Sequence[int]) -> None:
     """Compare the tar header names and sizes of records ``rows`` with those their record ids imply (vectorised).
@@ -113,8 +104,6 @@ def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec:
     ``buf`` is the tar's bytes (an mmap or memoryview); the index was checked
     (:func:`check_index`), so every header lies inside it.
     """
-    from cachebuild.format.shard_writer import record_key
-
     rows = np.asarray(rows, dtype=np.int64)
     if not rows.size or not len(fields):
         return
@@ -137,13 +126,10 @@ def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec:
             f"({int(entries[i, j]['size'])} bytes): shard misplaced or swapped in the manifest, or corrupt"
         )
 
-
 def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str, first_record: int) -> None:
     """zstd: every member's frame declares a decoded size its index entry allows (read from the frame
     headers only, nothing is decompressed), so a decompression bomb is refused before any reader allocates."""
-    from cachebuild.format.shard_writer import record_key
-
-    is_json = np.array([f.dtype == "json" for f in fields])
+    is_json = np.array([f.dtype == JSON_DTYPE for f in fields])
     flat = index.reshape(-1)
     declared = frame_content_sizes(np.frombuffer(view, np.uint8), flat["offset"], flat["size"])
     nbytes = flat["nbytes"]
@@ -158,36 +144,16 @@ def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str
             f"the index allows {int(nbytes[bad[0]])}..{int(nbytes[bad[0]] + extra[bad[0]])} (corrupt or a decompression bomb)"
         )
 
-
-def check_shard(manifest: Any, root: Any, s: int) -> None:
-    """Structure of shard ``s`` without decoding its arrays: index vs manifest and tar, every member's
-    key and size, zstd frame sizes, and every JSON member parsed within the limits (``stage`` runs it
-    before copying; ``verify`` runs it and then decodes everything)."""
-    from cachebuild.format.shard_reader import ShardReader
-
-    e = manifest.shards[s]
-    with ShardReader.open(manifest, root, s) as reader:
-        check_member_keys(reader._view, reader.index, manifest.fields, manifest.codec.name, e.name, e.first_record, range(e.records))
-        if manifest.codec.name == "zstd":
-            check_frames(reader._view, reader.index, manifest.fields, e.name, e.first_record)
-        for f in manifest.fields:
-            if f.dtype == "json":
-                for r in range(e.records):
-                    reader.read(r, f.name)
-
-
 _ZSTD_MAGIC = np.array([0x28, 0xB5, 0x2F, 0xFD], np.uint8)
 _DICT_BYTES = np.array([0, 1, 2, 4], np.int64)
 _FCS_BYTES = np.array([0, 2, 4, 8], np.int64)
 _SHIFTS = (np.arange(8, dtype=np.uint64) * np.uint64(8))[None, :]
-
 
 def frame_headers(tar: np.ndarray, offset: np.ndarray) -> np.ndarray:
     """The first 18 bytes of each frame at ``offset`` in ``tar`` (uint8 ``[frames, 18]``, clipped at the end)."""
     if not len(tar):
         return np.zeros((len(offset), 18), np.uint8)
     return tar[np.minimum(offset[:, None] + np.arange(18), len(tar) - 1)]
-
 
 def parse_frame_headers(hdr: np.ndarray, size: np.ndarray) -> np.ndarray:
     """Decoded size each zstd frame header declares (int64; -1: not declared, -2: not a zstd frame).
@@ -210,7 +176,6 @@ def parse_frame_headers(hdr: np.ndarray, size: np.ndarray) -> np.ndarray:
     out = np.where(nfcs == 0, -1, np.minimum(value, np.uint64(1 << 62)).astype(np.int64))
     ok = (hdr[:, :4] == _ZSTD_MAGIC).all(axis=1) & ((fhd & 0x08) == 0) & (pos + nfcs + 3 <= size)
     return np.where(ok, out, -2)
-
 
 def frame_content_sizes(tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> np.ndarray:
     """:func:`parse_frame_headers` of the frames ``tar[offset : offset + size]`` of one shard."""

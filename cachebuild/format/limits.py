@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import CacheBuildError, ManifestError
+from cachebuild.format.names import JSON_DTYPE, MANIFEST_NAME
 
 __all__ = [
     "MAX_MANIFEST_BYTES",
@@ -54,7 +55,7 @@ MAX_MEMBER_BYTES = 4 << 30  # decoded array data of one member
 MAX_SHARD_BYTES = 1 << 44  # 16 TiB
 MEMBER_MIN_BYTES = 512  # every member has a 512-byte tar header
 END_BYTES = 1024  # the tar's end-of-archive blocks
-RESERVED_NAMES = frozenset({"manifest.json", "build.json", ".cachebuild-stage.json"})
+RESERVED_NAMES = frozenset({MANIFEST_NAME, "build.json", ".cachebuild-stage.json"})
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
 FIELD_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
@@ -74,7 +75,7 @@ def check_file_name(value: Any, field: str, where: str) -> str:
 
 def check_dtype(value: Any, field: str, where: str) -> str:
     """``value`` if it is ``json`` or a plain numeric dtype (little-endian or single byte), else :class:`ManifestError`."""
-    if value == "json":
+    if value == JSON_DTYPE:
         return value
     ok = isinstance(value, str) and 0 < len(value) <= 16
     if ok:
@@ -91,7 +92,7 @@ def check_dtype(value: Any, field: str, where: str) -> str:
 
 def decoded_limit(dtype: str, max_shape: tuple[int, ...]) -> int:
     """Bytes of array data of the largest member a field's schema allows (JSON: :data:`MAX_JSON_BYTES`)."""
-    if dtype == "json":
+    if dtype == JSON_DTYPE:
         return MAX_JSON_BYTES
     n = np.dtype(dtype).itemsize
     for d in max_shape:
@@ -136,7 +137,7 @@ def _check_field(f: Any, codec: str, biggest_shard: int, where: str) -> None:
     check_dtype(f.dtype, f"{label}.dtype", where)
     from cachebuild.format.index import MAX_NDIM
 
-    _whole(f.ndim, f"{label}.ndim", where, 0, 0 if f.dtype == "json" else MAX_NDIM)
+    _whole(f.ndim, f"{label}.ndim", where, 0, 0 if f.dtype == JSON_DTYPE else MAX_NDIM)
     for key in ("max_shape", "min_shape"):
         shape = getattr(f, key)
         if len(shape) != f.ndim:
@@ -146,7 +147,7 @@ def _check_field(f: Any, codec: str, biggest_shard: int, where: str) -> None:
     if any(lo > hi for lo, hi in zip(f.min_shape, f.max_shape)):
         raise ManifestError(f"{where}: {label}.min_shape {list(f.min_shape)} exceeds max_shape {list(f.max_shape)}")
     limit = MAX_MEMBER_BYTES if codec != "none" or not biggest_shard else min(MAX_MEMBER_BYTES, biggest_shard)
-    if f.dtype != "json" and decoded_limit(f.dtype, f.max_shape) > limit:
+    if f.dtype != JSON_DTYPE and decoded_limit(f.dtype, f.max_shape) > limit:
         raise ManifestError(
             f"{where}: {label}.max_shape = {list(f.max_shape)} ({f.dtype}) means members of "
             f"{decoded_limit(f.dtype, f.max_shape)} bytes, more than the limit of {limit} bytes"

@@ -15,15 +15,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from cachebuild.errors import ManifestError
-from cachebuild.format.atomic import atomic_write_bytes
 from cachebuild.format.codec import Codec, parse_codec
 from cachebuild.format.limits import MAX_MANIFEST_BYTES, check_manifest, load_json_bounded
+from cachebuild.format.names import FORMAT_NAME, FORMAT_VERSION, JSON_DTYPE, MANIFEST_NAME
 
-__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "read_manifest", "write_manifest"]
-
-FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
-FORMAT_NAME = "cachebuild-shards"
+__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "read_manifest", "schemas_from_indexes"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +49,8 @@ class FieldSchema:
 
 @dataclass(frozen=True)
 class ShardEntry:
-    """A complete shard as listed in the manifest."""
+    """A complete shard: what :meth:`ShardWriter.close <cachebuild.format.shard_writer.ShardWriter.close>`
+    returns and the manifest lists (name, index file, records, sizes and sha256 checksums)."""
 
     name: str
     index: str
@@ -168,16 +165,11 @@ def read_manifest(root: str | Path) -> Manifest:
     return Manifest.from_json(data, str(root))
 
 
-def write_manifest(root: str | Path, manifest: Manifest) -> None:
-    """Write the manifest atomically (temp name, fsync, rename)."""
-    atomic_write_bytes(Path(root) / MANIFEST_NAME, manifest.to_json())
-
-
 def schemas_from_indexes(fields: Sequence[tuple[str, str]], indexes: Sequence[np.ndarray]) -> tuple[FieldSchema, ...]:
     """Field schemas (max/min shape per axis) computed from the shards' indexes."""
     out = []
     for j, (name, dtype) in enumerate(fields):
-        if dtype == "json" or not indexes or sum(len(ix) for ix in indexes) == 0:
+        if dtype == JSON_DTYPE or not indexes or sum(len(ix) for ix in indexes) == 0:
             out.append(FieldSchema(name, dtype))
             continue
         cols = [ix[:, j] for ix in indexes if len(ix)]

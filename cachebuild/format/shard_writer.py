@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -16,33 +15,17 @@ import numpy as np
 from cachebuild.format.atomic import fsync_dir, output_error, tmp_name
 from cachebuild.format.codec import Codec
 from cachebuild.format.index import INDEX_DTYPE, MAX_NDIM, index_bytes
+from cachebuild.format.manifest import ShardEntry
+from cachebuild.format.names import JSON_DTYPE, index_name, member_name, record_key
 from cachebuild.format.npy import npy_header
 from cachebuild.format.tarball import END_OF_ARCHIVE, tar_header
 
-__all__ = ["ShardWriter", "WrittenShard", "record_key", "member_name", "JSON_DTYPE", "index_name"]
+__all__ = ["ShardWriter"]
 
-JSON_DTYPE = "json"
 _FLUSH_BYTES = 8 << 20
 _ONES = (1,) * MAX_NDIM
 _ZEROS = bytes(512)
 _IOV_MAX = 1024
-
-
-def record_key(record_id: int) -> str:
-    """The WebDataset key of a record: its global id, zero-padded."""
-    return f"{record_id:010d}"
-
-
-def member_name(key: str, field: str, dtype: str, codec: Codec) -> str:
-    """``{key}.{field}.npy[.zst]``, or ``{key}.json[.zst]`` for the metadata field."""
-    if dtype == JSON_DTYPE:
-        return f"{key}.{field}{codec.suffix}"
-    return f"{key}.{field}.npy{codec.suffix}"
-
-
-def index_name(shard_name: str) -> str:
-    """Sidecar index file name of a shard (``shard-00000.tar`` -> ``shard-00000.idx.npy``)."""
-    return shard_name.removesuffix(".tar") + ".idx.npy"
 
 
 def _check_schema(fields: Sequence[tuple[str, str]]) -> None:
@@ -57,24 +40,6 @@ def _check_schema(fields: Sequence[tuple[str, str]]) -> None:
             check_dtype(dtype, f"field '{name}' dtype", "schema")
         except ManifestError as exc:
             raise ValueError(str(exc)) from None
-
-
-@dataclass(frozen=True)
-class WrittenShard:
-    """What a finished shard is, as the manifest records it."""
-
-    name: str
-    index: str
-    first_record: int
-    records: int
-    bytes: int
-    sha256: str
-    index_sha256: str
-    raw_bytes: int
-    index_bytes: int = 0
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 class ShardWriter:
@@ -176,7 +141,7 @@ class ShardWriter:
         except OSError as exc:
             raise output_error(self._final, exc) from exc
 
-    def close(self, sync: bool = True) -> WrittenShard:
+    def close(self, sync: bool = True) -> ShardEntry:
         """Finish the tar, write the index, sync both and rename them into place."""
         self._pending.append(END_OF_ARCHIVE)
         self._pos += len(END_OF_ARCHIVE)
@@ -202,7 +167,7 @@ class ShardWriter:
             raise output_error(self._final, exc) from exc
         if sync:
             fsync_dir(self.folder)
-        return WrittenShard(
+        return ShardEntry(
             name=self.name,
             index=idx_final.name,
             first_record=self.first_record,

@@ -14,9 +14,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from cachebuild.format.manifest import FieldSchema, Manifest
-from cachebuild.format.shard_writer import JSON_DTYPE
+from cachebuild.format.names import JSON_DTYPE
 from loaders.batch import Field, Layout
-from loaders.shards import ShardSet
+from cachebuild.format.reader import ShardSet
 from loaders.plan import BatchItems
 
 __all__ = ["View", "check_mixing", "resolve_delta", "DELTA_MODES", "ShapesFn", "pad_mask", "copy_repeats", "field_layout", "array_fields", "require_fields"]

@@ -36,7 +36,7 @@ import numpy as np
 from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
-from loaders.shards import ShardSet
+from cachebuild.format.reader import ShardSet
 from loaders.plan import BatchItems
 from loaders.views.base import View, copy_repeats, field_layout, pad_mask, require_fields, resolve_delta
 

@@ -73,7 +73,7 @@ from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import FieldBlock, read_block
 from loaders.plan import BatchItems
-from loaders.shards import ShardSet
+from cachebuild.format.reader import ShardSet
 from loaders.pools import DEFAULT_MIX, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, copy_repeats, pad_mask, require_fields
 from loaders.views.store import Dense, RecordStore

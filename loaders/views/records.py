@@ -7,7 +7,7 @@ Batch keys (``B`` = batch size, ``M`` = the field's max shape from the manifest)
 * ``<field>_mask``: bool ``[B, *M]``, true inside the record's shape (varying fields, ``masks=True``);
 * ``record_id``: int64 ``[B]``; ``is_pad``: bool ``[B]`` (a repeat that fills the epoch's last batches).
 
-JSON fields are metadata and are not batched (read them with ``ShardReader``).
+JSON fields are metadata and are not batched (read them with :func:`cachebuild.format.read_record`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
-from loaders.shards import ShardSet
+from cachebuild.format.reader import ShardSet
 from loaders.plan import BatchItems
 from loaders.views.base import View, array_fields, copy_repeats, field_layout, require_fields
 

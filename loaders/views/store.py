@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from loaders.plan import BatchItems
-from loaders.shards import ShardSet
+from cachebuild.format.reader import ShardSet
 
 __all__ = ["Dense", "DecodeInto", "RecordStore"]
 

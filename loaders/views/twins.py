@@ -69,7 +69,7 @@ import numpy as np
 from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
-from loaders.shards import ShardSet
+from cachebuild.format.reader import ShardSet
 from loaders.plan import BatchItems
 from loaders.pools import DEFAULT_MIX, chunk_lengths, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, pad_mask, require_fields, resolve_delta

@@ -1,4 +1,7 @@
-"""Human-readable summary of a cache: counts, sizes, ratio, field schemas, one record."""
+"""Human-readable summary of a cache: counts, sizes, ratio, field schemas, one record.
+
+The record is read through the loader's decoder (:func:`cachebuild.format.records.read_record`),
+strictly: its ``.npy`` headers are checked too."""
 
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import numpy as np
 from cachebuild.builder.builder import ratio_text
 from cachebuild.errors import ConfigError
 from cachebuild.format.manifest import read_manifest
-from cachebuild.format.shard_reader import ShardReader
+from cachebuild.format.names import JSON_DTYPE
+from cachebuild.format.reader import ShardSet
+from cachebuild.format.records import read_record
 
 __all__ = ["inspect_cache", "describe_value"]
 
@@ -59,7 +64,7 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
         lines += ["recipe:", *recipe_lines(m.config)]
     lines.append("fields:")
     for f in m.fields:
-        if f.dtype == "json":
+        if f.dtype == JSON_DTYPE:
             lines.append(f"  {f.name:<12} json")
         else:
             vary = f" (varying axes {list(f.varying_axes)})" if f.varying_axes else ""
@@ -68,10 +73,9 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
         allowed = f"0 to {m.records - 1}" if m.records else "none (the cache is empty)"
         raise ConfigError(f"--record {record} is out of range: {root} holds {m.records} records ({allowed})")
     if m.records:
+        with ShardSet(m, root) as shards:
+            values = read_record(shards, record, strict=True)
         s = int(np.searchsorted(m.shard_starts(), record, side="right") - 1)
-        e = m.shards[s]
-        with ShardReader.open(m, root, s, strict=True) as reader:
-            lines.append(f"record {record} (shard {e.name}):")
-            for name, value in reader.read_record(record - e.first_record).items():
-                lines.append(f"  {name:<12} {describe_value(value)}")
+        lines.append(f"record {record} (shard {m.shards[s].name}):")
+        lines += [f"  {name:<12} {describe_value(value)}" for name, value in values.items()]
     return lines

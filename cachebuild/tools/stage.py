@@ -26,8 +26,9 @@ from typing import Callable
 from cachebuild.builder.markers import file_sha256
 from cachebuild.errors import CacheBuildError, ConfigError, OutputError, ShardCorruptError
 from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name, output_error, tmp_name
-from cachebuild.format.index_check import check_shard
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
+from cachebuild.format.reader import ShardSet
+from cachebuild.format.records import check_structure
 
 __all__ = ["STAMP_NAME", "StageResult", "UnstageResult", "default_dst", "stage_cache", "unstage_cache"]
 
@@ -316,10 +317,14 @@ def stage_cache(src: str | Path, dst: str | Path | None = None, progress: bool =
 
 def _check_structure(src: Path, manifest: Manifest, shards: set[str]) -> None:
     """Refuse a source shard whose index, member keys, frame sizes or JSON members are wrong
-    (:func:`cachebuild.format.index_check.check_shard`), before anything is copied."""
-    for s, e in enumerate(manifest.shards):
-        if e.name in shards:
-            check_shard(manifest, src, s)
+    (:func:`cachebuild.format.records.check_structure`), before anything is copied."""
+    with ShardSet(manifest, src, verify="size") as reader:
+        for s, e in enumerate(manifest.shards):
+            if e.name in shards:
+                try:
+                    check_structure(reader, s)
+                finally:
+                    reader.release([s])
 
 
 def _entry(path: Path, f: _File) -> dict:
