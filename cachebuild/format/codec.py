@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import zstandard
 
@@ -37,12 +38,12 @@ class Codec:
             return None
         return zstandard.ZstdCompressor(level=self.level, write_checksum=True, write_content_size=True)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON form stored in the manifest."""
         return {"name": self.name, "level": self.level if self.name == "zstd" else None}
 
 
-def parse_codec(name: str | dict | Codec, level: int | None = None) -> Codec:
+def parse_codec(name: str | dict[str, Any] | Codec, level: int | None = None) -> Codec:
     """Validate a codec name (and zstd level) from the CLI, a config or a manifest."""
     if isinstance(name, Codec):
         return name

@@ -200,7 +200,7 @@ def _corrupt(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, i
     return ShardCorruptError(f"{shards.where(int(ids[fr.rec[i]]), names[fr.fld[i]])}: {why}")
 
 
-def _payloads(shards: ShardSet, fr: _Frames) -> list[memoryview]:
+def _payloads(shards: ShardSet, fr: _Frames) -> list[bytes | bytearray | memoryview]:
     views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard)}
     return [views[s][o : o + z] for s, o, z in zip(fr.shard.tolist(), fr.offset.tolist(), fr.size.tolist())]
 
@@ -217,7 +217,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     except zstandard.ZstdError as exc:
         m = _ITEM_RE.search(str(exc))
         i = int(m.group(1)) if m else _first_bad_frame(dctx, payloads)
-        raise _corrupt(shards, ids, names, fr, i, f"zstd: {exc}") from exc
+        raise _corrupt(shards, ids, names, fr, i, "zstd: " + _ITEM_RE.sub("frame", str(exc))) from exc  # the record is named; the block position is not news
     n = len(payloads)
     segs = [out[i] for i in range(n)]
     offs = np.fromiter((sg.offset for sg in segs), np.int64, n)
@@ -232,7 +232,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     ends = np.append(starts[1:], n)
     for a, b in zip(starts.tolist(), ends.tolist()):
         size = int(offs[b - 1] + lens[b - 1])
-        addr = np.frombuffer(segs[a], np.uint8).ctypes.data
+        addr = np.frombuffer(segs[a], np.uint8).ctypes.data  # type: ignore[call-overload]  # a BufferSegment is a buffer
         buffers.append(np.asarray(_Memory(addr, size, out)))
     data_off = offs + lens - fr.nbytes
     stride_ok = np.ones(n, bool)
@@ -241,7 +241,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     return buffers, buf_id, data_off, (out, stride_ok)
 
 
-def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, payloads: list[memoryview]) -> bytes:
+def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, payloads: Sequence[bytes | bytearray | memoryview]) -> bytes:
     """Each frame's declared decoded size, refused unless it is the index's array data plus a small
     ``.npy`` header: nothing is allocated for a frame that claims more (a decompression bomb)."""
     hdr = np.empty((len(fr.offset), 18), np.uint8)
@@ -262,7 +262,7 @@ def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Fr
     return fcs.astype(np.uint64).tobytes()
 
 
-def _first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Sequence[memoryview]) -> int:
+def _first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Sequence[bytes | bytearray | memoryview]) -> int:
     for i, p in enumerate(payloads):
         try:
             dctx.decompress(p)
@@ -276,7 +276,7 @@ def _decode_raw(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames
     padded = (fr.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
     data_off = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64) if len(padded) else np.zeros(0, np.int64)
     stage = np.empty(int(padded.sum()), np.uint8)
-    dst = memoryview(stage)
+    dst = stage.data
     views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard)}
     check = shards.verify == "crc"
     crcs = fr.crc.tolist()
@@ -321,8 +321,9 @@ def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads
             blk = out[name]
             shape = fr.group_shape[int(fr.group[a])]
             stride = int(data_off[a + 1] - data_off[a]) if b - a > 1 else 0
-            data = np.ndarray((b - a,) + shape, dtype=blk.dtype, buffer=buffers[int(buf_id[a])], offset=int(data_off[a]),
-                              strides=(stride,) + _c_strides(shape, blk.dtype.itemsize))
+            dtype = np.dtype(shards.manifest.schema(name).dtype)
+            data = np.ndarray((b - a,) + shape, dtype=dtype, buffer=buffers[int(buf_id[a])], offset=int(data_off[a]),
+                              strides=(stride,) + _c_strides(shape, dtype.itemsize))
             blk.runs.append((fr.rec[a:b], data))
     for name in json_names:
         out[name] = _read_json(shards, ids, s, local, name)
@@ -346,6 +347,7 @@ def _read_json(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarr
     j = shards.field_pos[name]
     dctx = zstandard.ZstdDecompressor() if shards.codec == "zstd" else None
     values = []
+    data: bytes | memoryview
     for rid, sh, loc in zip(ids.tolist(), s.tolist(), local.tolist()):
         shard = shards.shard(sh)
         e = shard.index[loc, j]

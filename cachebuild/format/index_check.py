@@ -31,6 +31,7 @@ __all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_
 _HEADER = MEMBER_MIN_BYTES
 _NAME_BYTES = 100
 
+
 def _field_limits(fields: Sequence[Any]) -> tuple[np.ndarray, ...]:
     """Per field: ndim, itemsize (0 for JSON), min and max shape padded with 1 to MAX_NDIM."""
     nf = len(fields)
@@ -41,6 +42,7 @@ def _field_limits(fields: Sequence[Any]) -> tuple[np.ndarray, ...]:
         item[j] = 0 if f.dtype == JSON_DTYPE else np.dtype(f.dtype).itemsize
         lo[j, : f.ndim], hi[j, : f.ndim] = f.min_shape, f.max_shape
     return ndim, item, lo, hi
+
 
 def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int | None) -> list[tuple[str, np.ndarray]]:
     """(what is wrong, bad mask ``[records, fields]``) for every check, in the order they are reported."""
@@ -70,6 +72,7 @@ def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int
     checks.append(("payload overlaps the member before it (members out of order)", overlap.reshape(off.shape)))
     return checks
 
+
 def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: int, shard: str, first_record: int, tar_size: int | None = None) -> None:
     """Raise :class:`ShardCorruptError` unless ``index`` agrees with the manifest (``fields``, ``records``) and the tar's size."""
     if index.shape != (records, len(fields)):
@@ -86,10 +89,12 @@ def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: i
                 f"shape {[int(v) for v in e['shape']]})"
             )
 
+
 def expected_member_names(fields: Sequence[Any], codec: str, record_id: int) -> list[bytes]:
     """The tar member names the writer gives record ``record_id``'s fields, in field order."""
     c = parse_codec(codec)
     return [member_name(record_key(record_id), f.name, f.dtype, c).encode() for f in fields]
+
 
 def _expected_names(fields: Sequence[Any], codec: str, first_record: int, rows: np.ndarray) -> np.ndarray:
     """``[len(rows), fields]`` fixed-width (``S100``) member names the writer gives those records."""
@@ -98,33 +103,35 @@ def _expected_names(fields: Sequence[Any], codec: str, first_record: int, rows: 
     cols = [np.char.add(ids, sfx) for sfx in suffixes]
     return np.stack(cols, axis=1).astype(f"S{_NAME_BYTES}") if cols else np.zeros((len(rows), 0), f"S{_NAME_BYTES}")
 
+
 def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec: str, shard: str, first_record: int, rows: Sequence[int]) -> None:
     """Compare the tar header names and sizes of records ``rows`` with those their record ids imply (vectorised).
 
     ``buf`` is the tar's bytes (an mmap or memoryview); the index was checked
     (:func:`check_index`), so every header lies inside it.
     """
-    rows = np.asarray(rows, dtype=np.int64)
-    if not rows.size or not len(fields):
+    picked = np.asarray(rows, dtype=np.int64)
+    if not picked.size or not len(fields):
         return
     tar = np.frombuffer(buf, np.uint8)
-    entries = index[rows]
+    entries = index[picked]
     starts = entries["offset"].reshape(-1) - _HEADER
     heads = tar[starts[:, None] + np.arange(136)]  # name [0:100], size field [124:136]
-    got = np.ascontiguousarray(heads[:, :_NAME_BYTES]).view(f"S{_NAME_BYTES}").reshape(len(rows), len(fields))
+    got = np.ascontiguousarray(heads[:, :_NAME_BYTES]).view(f"S{_NAME_BYTES}").reshape(len(picked), len(fields))
     digits = heads[:, 124:135].astype(np.int64) - ord("0")
     octal_ok = ((digits >= 0) & (digits <= 7)).all(axis=1)
-    got_size = np.where(octal_ok, (np.clip(digits, 0, 7) * (8 ** np.arange(10, -1, -1))).sum(axis=1), -1).reshape(len(rows), len(fields))
-    want = _expected_names(fields, codec, first_record, rows)
+    got_size = np.where(octal_ok, (np.clip(digits, 0, 7) * (8 ** np.arange(10, -1, -1))).sum(axis=1), -1).reshape(len(picked), len(fields))
+    want = _expected_names(fields, codec, first_record, picked)
     bad = (got != want) | (got_size != entries["size"])
     del tar
     if bad.any():
         i, j = (int(v[0]) for v in np.nonzero(bad))
         raise ShardCorruptError(
-            f"shard {shard}, record {record_key(first_record + int(rows[i]))}, field '{fields[j].name}': tar member is "
+            f"shard {shard}, record {record_key(first_record + int(picked[i]))}, field '{fields[j].name}': tar member is "
             f"{got[i, j].decode('ascii', 'replace')!r} ({int(got_size[i, j])} bytes), expected {want[i, j].decode()!r} "
             f"({int(entries[i, j]['size'])} bytes): shard misplaced or swapped in the manifest, or corrupt"
         )
+
 
 def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str, first_record: int) -> None:
     """zstd: every member's frame declares a decoded size its index entry allows (read from the frame
@@ -144,16 +151,19 @@ def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str
             f"the index allows {int(nbytes[bad[0]])}..{int(nbytes[bad[0]] + extra[bad[0]])} (corrupt or a decompression bomb)"
         )
 
+
 _ZSTD_MAGIC = np.array([0x28, 0xB5, 0x2F, 0xFD], np.uint8)
 _DICT_BYTES = np.array([0, 1, 2, 4], np.int64)
 _FCS_BYTES = np.array([0, 2, 4, 8], np.int64)
 _SHIFTS = (np.arange(8, dtype=np.uint64) * np.uint64(8))[None, :]
+
 
 def frame_headers(tar: np.ndarray, offset: np.ndarray) -> np.ndarray:
     """The first 18 bytes of each frame at ``offset`` in ``tar`` (uint8 ``[frames, 18]``, clipped at the end)."""
     if not len(tar):
         return np.zeros((len(offset), 18), np.uint8)
     return tar[np.minimum(offset[:, None] + np.arange(18), len(tar) - 1)]
+
 
 def parse_frame_headers(hdr: np.ndarray, size: np.ndarray) -> np.ndarray:
     """Decoded size each zstd frame header declares (int64; -1: not declared, -2: not a zstd frame).
@@ -176,6 +186,7 @@ def parse_frame_headers(hdr: np.ndarray, size: np.ndarray) -> np.ndarray:
     out = np.where(nfcs == 0, -1, np.minimum(value, np.uint64(1 << 62)).astype(np.int64))
     ok = (hdr[:, :4] == _ZSTD_MAGIC).all(axis=1) & ((fhd & 0x08) == 0) & (pos + nfcs + 3 <= size)
     return np.where(ok, out, -2)
+
 
 def frame_content_sizes(tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> np.ndarray:
     """:func:`parse_frame_headers` of the frames ``tar[offset : offset + size]`` of one shard."""

@@ -76,7 +76,7 @@ def check_file_name(value: Any, field: str, where: str) -> str:
 def check_dtype(value: Any, field: str, where: str) -> str:
     """``value`` if it is ``json`` or a plain numeric dtype (little-endian or single byte), else :class:`ManifestError`."""
     if value == JSON_DTYPE:
-        return value
+        return JSON_DTYPE
     ok = isinstance(value, str) and 0 < len(value) <= 16
     if ok:
         try:
@@ -87,7 +87,7 @@ def check_dtype(value: Any, field: str, where: str) -> str:
             ok = dt.kind in _DTYPE_KINDS and dt.fields is None and dt.subdtype is None and dt.byteorder in "=<|" and dt.itemsize <= 8
     if not ok:
         raise ManifestError(f"{where}: {field} = {value!r} is not an allowed dtype (bool, int8..int64, uint8..uint64, float16..float64 or json)")
-    return value
+    return str(value)
 
 
 def decoded_limit(dtype: str, max_shape: tuple[int, ...]) -> int:

@@ -37,7 +37,7 @@ class FieldSchema:
         """Axes whose length differs between records (padding needed to batch them)."""
         return tuple(i for i, (lo, hi) in enumerate(zip(self.min_shape, self.max_shape)) if lo != hi)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "dtype": self.dtype,
             "ndim": self.ndim,
@@ -62,7 +62,7 @@ class ShardEntry:
     raw_bytes: int = 0
     index_bytes: int = 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 

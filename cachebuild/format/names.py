@@ -10,10 +10,7 @@ the two sides cannot drift apart.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from cachebuild.format.codec import Codec
+from typing import Protocol
 
 __all__ = [
     "FORMAT_NAME",
@@ -46,12 +43,19 @@ NPY_SUFFIX = ".npy"
 ZSTD_SUFFIX = ".zst"
 
 
+class _Suffixed(Protocol):
+    """What :func:`member_name` needs of a :class:`~cachebuild.format.codec.Codec`: its member suffix."""
+
+    @property
+    def suffix(self) -> str: ...
+
+
 def record_key(record_id: int) -> str:
     """The WebDataset key of a record: its global id, zero-padded to :data:`KEY_DIGITS` digits."""
     return f"{record_id:0{KEY_DIGITS}d}"
 
 
-def member_name(key: str, field: str, dtype: str, codec: Codec) -> str:
+def member_name(key: str, field: str, dtype: str, codec: _Suffixed) -> str:
     """``{key}.{field}.npy[.zst]``, or ``{key}.{field}[.zst]`` for a JSON field."""
     if dtype == JSON_DTYPE:
         return f"{key}.{field}{codec.suffix}"

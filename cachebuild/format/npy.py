@@ -19,7 +19,10 @@ def _header(dtype_str: str, shape: tuple[int, ...]) -> bytes:
 
 @lru_cache(maxsize=256)
 def _descr(dtype: np.dtype) -> str:
-    return np.lib.format.dtype_to_descr(dtype)
+    descr = np.lib.format.dtype_to_descr(dtype)
+    if not isinstance(descr, str):  # a structured dtype: no field of the format holds one
+        raise ValueError(f"dtype {dtype} is structured; fields hold plain numeric dtypes")
+    return descr
 
 
 def npy_header(arr: np.ndarray) -> bytes:

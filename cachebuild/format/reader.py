@@ -206,7 +206,7 @@ class ShardSet:
         self.codec = manifest.codec.name
         self._open: dict[int, OpenShard] = {}
         self._indexes: dict[int, np.ndarray] = {}  # indexes read without their shard (bind); dropped by close()
-        self.meta_cache: dict[tuple[str, ...], Any] = {}
+        self.meta_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]] = {}  # decode's per-field metadata
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -63,7 +63,7 @@ class ShardWriter:
         self._final = self.folder / name
         self._tmp = tmp_name(self._final)
         self._sha = hashlib.sha256()
-        self._rows: list[tuple] = []
+        self._rows: list[tuple[int, int, int, int, int, tuple[int, ...]]] = []
         self._count = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
