@@ -94,26 +94,31 @@ def check_headers(shards: ShardSet, ids: np.ndarray, names: Sequence[str] | None
     ids = np.asarray(ids, dtype=np.int64)
     s, local = shards.locate(ids)
     dctx = zstandard.ZstdDecompressor() if shards.codec == "zstd" else None
-    for name in names if names is not None else shards.manifest.field_names:
-        j, schema = shards.field_pos[name], shards.manifest.schema(name)
-        seen: set[tuple[bytes, tuple[int, ...]]] = set()
-        for rid, sh, loc in zip(ids.tolist(), s.tolist(), local.tolist()):
-            shard = shards.shard(sh)
-            e = shard.index[loc, j]
-            payload = shard.view[int(e["offset"]) : int(e["offset"]) + int(e["size"])]
-            where = shards.where(rid, name)
+    for sh in np.unique(s).tolist():
+        rows = np.flatnonzero(s == sh)
+        shard = shards.shard(sh)
+        for name in names if names is not None else shards.manifest.field_names:
+            schema = shards.manifest.schema(name)
+            e = shard.index[local[rows], shards.field_pos[name]]
+            cols = zip(ids[rows].tolist(), e["offset"].tolist(), e["size"].tolist(), e["nbytes"].tolist(), e["shape"][:, : schema.ndim].tolist())
             if schema.dtype == JSON_DTYPE:
-                if dctx is None and len(payload) != int(e["nbytes"]):
-                    raise ShardCorruptError(f"{where}: {len(payload) - int(e['nbytes'])} stray bytes before the JSON text")
+                stray = np.flatnonzero(e["size"] != e["nbytes"]) if dctx is None else np.zeros(0, np.int64)
+                if len(stray):
+                    i = int(stray[0])
+                    raise ShardCorruptError(f"{shards.where(int(ids[rows[i]]), name)}: {int(e['size'][i] - e['nbytes'][i])} stray bytes before the JSON text")
                 continue
-            header = _header(payload, int(e["nbytes"]), dctx, where)
-            shape = tuple(int(v) for v in e["shape"][: int(e["ndim"])])
-            if (header, shape) not in seen:
-                check_npy_header(header, schema.dtype, shape, where)
-                seen.add((header, shape))
+            seen: set[tuple[bytes, tuple[int, ...]]] = set()
+            for rid, off, size, nbytes, shape in cols:
+                try:
+                    header = _header(shard.view[off : off + size], nbytes, dctx)
+                except (ValueError, zstandard.ZstdError) as exc:
+                    raise ShardCorruptError(f"{shards.where(rid, name)}: {exc}") from exc
+                if (header, tuple(shape)) not in seen:
+                    check_npy_header(header, schema.dtype, tuple(shape), shards.where(rid, name))
+                    seen.add((header, tuple(shape)))
 
 
-def _header(payload: memoryview, nbytes: int, dctx: zstandard.ZstdDecompressor | None, where: str) -> bytes:
+def _header(payload: memoryview, nbytes: int, dctx: zstandard.ZstdDecompressor | None) -> bytes:
     """The bytes before a member's array data: the stored bytes (raw), or the start of its decoded
     frame (zstd; only the frame's first block is decoded, at most :data:`MAX_NPY_HEADER` bytes kept)."""
     if dctx is None:
@@ -121,15 +126,12 @@ def _header(payload: memoryview, nbytes: int, dctx: zstandard.ZstdDecompressor |
     declared = zstandard.frame_content_size(payload) if len(payload) >= 6 else -2
     want = declared - nbytes
     if declared < 0 or not 0 <= want <= MAX_NPY_HEADER:
-        raise ShardCorruptError(f"{where}: zstd frame declares {declared} bytes, the index allows {nbytes}..{nbytes + MAX_NPY_HEADER}")
+        raise ValueError(f"zstd frame declares {declared} bytes, the index allows {nbytes}..{nbytes + MAX_NPY_HEADER}")
     out = b""
-    try:
-        with dctx.stream_reader(payload) as reader:
-            while len(out) < want:
-                chunk = reader.read(want - len(out))
-                if not chunk:
-                    break
-                out += chunk
-    except zstandard.ZstdError as exc:
-        raise ShardCorruptError(f"{where}: zstd: {exc}") from exc
+    with dctx.stream_reader(payload) as reader:
+        while len(out) < want:
+            chunk = reader.read(want - len(out))
+            if not chunk:
+                break
+            out += chunk
     return out
