@@ -35,7 +35,7 @@ from cachebuild.format.reader import ShardSet
 __all__ = ["BLOCK_BYTES", "check_headers", "check_members", "check_structure", "read_record", "record_blocks"]
 
 BLOCK_BYTES = 32 << 20
-"""Decoded bytes a block of :func:`record_blocks` aims at (one record larger than that is a block alone)."""
+"""Decoded bytes a block of :func:`record_blocks` aims at (a block may exceed it by its last record)."""
 
 
 def read_record(shards: ShardSet, record: int, strict: bool = False) -> dict[str, Any]:
