@@ -103,6 +103,9 @@ class _MelBase(View):
         self.wave_len = int(manifest.schema("waveform").max_shape[-1]) if waveform else 0
         self._decode = ["mel", "label"] + (["waveform"] if waveform else [])
 
+    def decoded_fields(self) -> list[str]:
+        return list(self._decode)
+
     def options(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "waveform": self.waveform}
 

@@ -150,6 +150,9 @@ class TwinsView(View):
     def options(self) -> dict[str, Any]:
         return {"compact": self.compact, "delta": self.delta, "mix": self.mix, "chunk": self.chunk}
 
+    def decoded_fields(self) -> list[str]:
+        return list(self._decode)
+
     def bind(self, shapes: ShapesFn) -> np.ndarray:
         ints = shapes("int")
         if len(ints) and (ints[:, 1] != self.s).any():
