@@ -7,7 +7,8 @@ tensors, variable-n arrays zero-padded to the largest n in the batch (the
 collation a user would write, :func:`pad_collate`).
 
 * :func:`webdataset_rate`: ``webdataset.WebDataset`` over our shards with a
-  small ``.zst`` member decoder, per-sample decode, ``.batched``.
+  small ``.zst`` member decoder, per-sample decode, ``.batched``
+  (:mod:`loaders.bench.webdataset`, the reader ``cachebuild bench --compare`` uses too).
 * :func:`litdata_prepare` / :func:`litdata_prepare_mel_segments` /
   :func:`litdata_rate`: the same records rewritten by ``litdata.optimize``
   and read with ``StreamingDataset`` + ``StreamingDataLoader``.
@@ -30,7 +31,6 @@ are imported inside the functions that need them.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -48,6 +48,7 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cachebuild.format import Manifest, ShardReader, read_manifest  # noqa: E402
+from loaders.bench.webdataset import BYTES_KEY, COUNT_KEY, pad_collate, webdataset_pipeline  # noqa: E402
 from loaders.loader import shutdown_workers  # noqa: E402
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # no PyPI request from litdata.optimize
@@ -63,43 +64,8 @@ __all__ = [
     "user_pipeline_rate",
 ]
 
-COUNT_KEY = "_samples"  # added by pad_collate: samples (graphs or segments) in the batch
-BYTES_KEY = "_payload_bytes"  # added by pad_collate: decoded array bytes in the batch (before padding)
-
 
 # --------------------------------------------------------------------------- shared
-
-
-def pad_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack a list of samples (dicts of numpy arrays) into torch tensors.
-
-    Every array field is zero-padded along each axis to the largest length in
-    the batch; non-array fields (the JSON metadata) are left out. Adds
-    ``COUNT_KEY`` and ``BYTES_KEY`` (decoded array bytes, padding excluded) so a
-    benchmark can count what was delivered.
-    """
-    out: dict[str, Any] = {}
-    nbytes = 0
-    for key, first in samples[0].items():
-        if not isinstance(first, np.ndarray):
-            continue
-        arrays = [s[key] for s in samples]
-        nbytes += sum(a.nbytes for a in arrays)
-        out[key] = torch.from_numpy(_pad_stack(arrays))
-    out[COUNT_KEY] = len(samples)
-    out[BYTES_KEY] = nbytes
-    return out
-
-
-def _pad_stack(arrays: list[np.ndarray]) -> np.ndarray:
-    """``[B, *max_shape]`` array holding each array in its top-left corner, zeros elsewhere."""
-    if arrays[0].ndim == 0:
-        return np.stack(arrays)
-    shape = np.max([a.shape for a in arrays], axis=0)
-    out = np.zeros((len(arrays), *shape), dtype=arrays[0].dtype)
-    for i, a in enumerate(arrays):
-        out[(i, *(slice(0, d) for d in a.shape))] = a
-    return out
 
 
 def _collated_counts(batch: dict) -> tuple[int, int]:
@@ -186,47 +152,6 @@ def _unit(cache_dir: str | Path) -> str:
 
 
 # --------------------------------------------------------------------------- WebDataset
-
-_DCTX: zstandard.ZstdDecompressor | None = None
-
-
-def decode_zst_sample(sample: dict[str, Any]) -> dict[str, Any]:
-    """WebDataset map: ``*.npy.zst`` / ``*.npy`` -> numpy array, ``json[.zst]`` -> dict (never unpickles)."""
-    global _DCTX
-    out: dict[str, Any] = {}
-    for key, value in sample.items():
-        if key.startswith("__"):
-            continue
-        if key.endswith(".zst"):
-            _DCTX = _DCTX or zstandard.ZstdDecompressor()
-            key, value = key[:-4], _DCTX.decompress(value)
-        if key.endswith(".npy"):
-            out[key[:-4]] = np.load(io.BytesIO(value), allow_pickle=False)
-        elif key == "json":
-            out[key] = json.loads(value)
-    return out
-
-
-def _shard_paths(cache_dir: str | Path) -> list[str]:
-    manifest = read_manifest(cache_dir)
-    return [str(Path(cache_dir) / s.name) for s in manifest.shards]
-
-
-def webdataset_pipeline(cache_dir: str | Path, batch_size: int, shuffle: bool = True):
-    """What a WebDataset user writes for our shards: split by worker, decode, (shuffle,) pad-batch."""
-    import webdataset as wds
-
-    ds = wds.WebDataset(
-        _shard_paths(cache_dir),
-        shardshuffle=100 if shuffle else False,
-        workersplitter=wds.split_by_worker,
-        empty_check=False,
-        seed=0,
-    ).map(decode_zst_sample)
-    if shuffle:
-        ds = ds.shuffle(1000)
-    return ds.batched(batch_size, collation_fn=pad_collate, partial=True)
-
 
 def webdataset_rate(cache_dir: str | Path, num_workers: int, batch_size: int, limit_s: float, shuffle: bool = True) -> dict:
     """Graphs/s, decoded payload MB/s and time to the first batch of WebDataset over our shards.
