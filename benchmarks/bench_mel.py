@@ -10,7 +10,7 @@ layout, and caches built from that file with ``run_mel_build``), in one run:
       batch size, 0 and 2 workers; target >= 20x;
   (b) LitData storing one segment per sample (``benchmarks/peers.py``); target >= 10x;
   (c) file-level evaluation, files/s: ``mel_files`` batches through a small CNN
-      in one call + vectorised votes (``loaders.mel_eval``) vs. the users' loop
+      in one call + vectorised votes (``cachebuild.mel.voting``) vs. the users' loop
       (per file: read its segments, run the model, vote), with the segments read
       either through their training Dataset (80 ``__getitem__``) or, kinder to
       them, as one HDF5 slice; plus the CNN's own throughput (the bound on a
@@ -64,7 +64,7 @@ from cachebuild.jobs import run_mel_build  # noqa: E402
 from cachebuild.mel import MelConfig  # noqa: E402
 from loaders import ShardStream, make_loader  # noqa: E402
 from loaders.loader import shutdown_workers  # noqa: E402
-from loaders.mel_eval import file_votes  # noqa: E402
+from cachebuild.mel.voting import file_votes  # noqa: E402
 
 L, S, M, T = 40, 2, 64, 1
 SEGMENTS = L * S
