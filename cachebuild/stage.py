@@ -244,7 +244,7 @@ def _copy_all(src: Path, dst: Path, todo: list[_File], workers: int, progress: b
             entry, fault = fut.result()
             if fault:
                 faults.append(fault)
-            else:
+            elif entry is not None:
                 entries[futures[fut].name] = entry
     except BaseException:
         stop.set()
@@ -253,8 +253,9 @@ def _copy_all(src: Path, dst: Path, todo: list[_File], workers: int, progress: b
         pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
         for fut, f in futures.items():  # record what did finish, even when interrupted
-            if fut.done() and not fut.cancelled() and fut.exception() is None and fut.result()[0]:
-                entries[f.name] = fut.result()[0]
+            entry = fut.result()[0] if fut.done() and not fut.cancelled() and fut.exception() is None else None
+            if entry:
+                entries[f.name] = entry
     return sorted(faults)
 
 

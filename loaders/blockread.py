@@ -212,7 +212,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
         threads = 1  # starting threads costs more than a small block's decompression
     sizes = _declared_sizes(shards, ids, names, fr, payloads)
     try:
-        out = dctx.multi_decompress_to_buffer(payloads, decompressed_sizes=sizes, threads=threads)
+        out = dctx.multi_decompress_to_buffer(payloads, decompressed_sizes=sizes, threads=threads)  # type: ignore[arg-type]  # list[memoryview]: accepted
     except zstandard.ZstdError as exc:
         m = _ITEM_RE.search(str(exc))
         i = int(m.group(1)) if m else _first_bad_frame(dctx, payloads)
@@ -275,7 +275,7 @@ def _decode_raw(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames
     padded = (fr.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
     data_off = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64) if len(padded) else np.zeros(0, np.int64)
     stage = np.empty(int(padded.sum()), np.uint8)
-    dst = memoryview(stage)
+    dst = memoryview(stage)  # type: ignore[arg-type]  # numpy arrays are buffers
     views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard)}
     check = shards.verify == "crc"
     crcs = fr.crc.tolist()
@@ -319,6 +319,7 @@ def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads
             name = arr_names[int(fr.fld[a])]
             blk = out[name]
             shape = fr.group_shape[int(fr.group[a])]
+            assert blk.dtype is not None  # an array field
             stride = int(data_off[a + 1] - data_off[a]) if b - a > 1 else 0
             data = np.ndarray((b - a,) + shape, dtype=blk.dtype, buffer=buffers[int(buf_id[a])], offset=int(data_off[a]),
                               strides=(stride,) + _c_strides(shape, blk.dtype.itemsize))
@@ -355,7 +356,7 @@ def _read_json(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarr
                 declared = zstandard.frame_content_size(raw)
                 if declared != nbytes:
                     raise ShardCorruptError(f"{shards.where(rid, name)}: zstd frame declares {declared} bytes, the index says {nbytes} (corrupt or a decompression bomb)")
-                data = dctx.decompress(raw, max_output_size=nbytes)
+                data: bytes | memoryview = dctx.decompress(raw, max_output_size=nbytes)
             else:
                 data = raw
         except zstandard.ZstdError as exc:

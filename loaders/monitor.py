@@ -38,7 +38,7 @@ from array import array
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, Generator, Iterable, Iterator, Literal
 
 import numpy as np
 
@@ -120,7 +120,10 @@ def _batch_counter(batch_size: int | Callable[[Any], int] | None, samples_key: s
     keys = batch.keys() if isinstance(batch, Mapping) else range(len(batch)) if isinstance(batch, (tuple, list)) else ()
     for k in keys:
         if getattr(batch[k], "ndim", 0) >= 1:
-            return lambda b, k=k: b[k].shape[0]
+            def rows_of(b: Any, key: Any = k) -> int:
+                return int(b[key].shape[0])
+
+            return rows_of
     return None
 
 
@@ -141,7 +144,7 @@ class _Epoch:
         self.warned: set[type] = set()
         self.count: Callable[[Any], int] | None = None
         self.next_event = 1  # the first step resolves the batch-size counter
-        self.mark: list = [0.0, 0, 0.0, 0]  # (time, steps, wait_s, samples) at the last log line
+        self.mark: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)  # (time, steps, wait_s, samples) at the last log line
         self.meter: Any = None  # GpuIdleMeter when CUDA is in use
 
 
@@ -202,11 +205,11 @@ class StallMonitor:
         self._bar: Any = None
 
     # ------------------------------------------------------------------ the loop
-    def wrap(self, iterable: Iterable[Any]) -> Iterator[Any]:
+    def wrap(self, iterable: Iterable[Any]) -> Generator[Any, None, None]:
         """Yield the batches of ``iterable``, timing each ``next()``; one call = one epoch."""
         return self._run(iter(iterable))
 
-    def _run(self, it: Iterator[Any]) -> Iterator[Any]:
+    def _run(self, it: Iterator[Any]) -> Generator[Any, None, None]:
         ep = self._epoch = _Epoch()
         self._start_sampler()
         sync = self._cuda_sync()
@@ -215,7 +218,7 @@ class StallMonitor:
         t0 = pc()
         exhausted = False
         if warmup == 0:
-            ep.start, ep.mark = t0, [t0, 0, 0.0, 0]
+            ep.start, ep.mark = t0, (t0, 0, 0.0, 0)
         try:
             while True:
                 try:
@@ -242,7 +245,7 @@ class StallMonitor:
                     sync()
                 t0 = pc()
                 if ep.steps == warmup:  # the measured window starts with the next wait
-                    ep.start, ep.mark = t0, [t0, ep.steps, 0.0, 0]
+                    ep.start, ep.mark = t0, (t0, ep.steps, 0.0, 0)
         finally:
             ep.end = t0 if exhausted else pc()  # loop left early: the step in progress counts
             self._finish(ep)
@@ -274,7 +277,7 @@ class StallMonitor:
         t, steps, wait_s, samples = ep.mark
         n, wall = ep.steps - steps, max(now - t, 1e-12)
         recent = np.frombuffer(ep.waits[max(steps, self.warmup) :], dtype=np.float64) * 1e3  # a copy: never pin the growing array
-        ep.mark = [now, ep.steps, ep.wait_s, ep.samples]
+        ep.mark = (now, ep.steps, ep.wait_s, ep.samples)
         p50, p95 = np.percentile(recent, [50, 95])
         m = {"data/wait_fraction": (ep.wait_s - wait_s) / wall, "data/wait_p50_ms": float(p50), "data/wait_p95_ms": float(p95), "data/batches_per_s": n / wall}
         line = f"steps {steps}-{ep.steps}: wait {m['data/wait_fraction']:.1%} (p95 {p95:.1f} ms), {n / wall:.1f} batches/s"
@@ -399,7 +402,8 @@ class StallMonitor:
     def _cuda_sync(self) -> Callable[[], None] | None:
         torch = sys.modules.get("torch")
         if self.sync_cuda and torch is not None and torch.cuda.is_available():
-            return torch.cuda.synchronize
+            sync: Callable[[], None] = torch.cuda.synchronize
+            return sync
         return None
 
     def _idle_meter(self) -> Any:

@@ -293,6 +293,7 @@ class EpochPlan:
         """The permuted chunks of pool ``q`` (computed once, the last few kept)."""
         t = self._tables.get(q)
         if t is None:
+            assert self.pools is not None and self.bounds is not None, "only a mixed plan has pools"
             a, z = int(self.pools[q]), int(self.pools[q + 1])
             per = np.diff(self.bounds[a : z + 1])
             t = pool_table(per, a, self.chunk, _rng(self.seed, self.epoch, _TAG_POOL, q))
@@ -306,7 +307,7 @@ class EpochPlan:
         ids = np.asarray(ids, dtype=np.int64)
         B, total = self.batch_size, self.total
         a, z = (ids * B) % total, (ids * B + B - 1) % total
-        if self.pools is not None:
+        if self.pools is not None and self.pool_items is not None:
             qa = np.searchsorted(self.pool_items, a, side="right") - 1
             qz = np.searchsorted(self.pool_items, z, side="right") - 1
             return self.pools[qa], self.pools[qz + 1] - 1
@@ -342,6 +343,7 @@ class EpochPlan:
     def _mixed_batch(self, b: int) -> BatchItems:
         """A batch of a mixed plan: its stream positions located through their pools' permuted chunks."""
         B, total = self.batch_size, self.total
+        assert self.pools is not None and self.pool_items is not None, "a mixed plan has pools"
         raw = b * B + np.arange(B, dtype=np.int64)
         is_pad = raw >= total
         pos = raw % total

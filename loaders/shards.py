@@ -69,6 +69,10 @@ def local_path(location: str | Path) -> Path:
 class Locator(Protocol):
     """Where a cache's shard files are: local paths of shard ``s``'s (tar, index), fetched if needed."""
 
+    @property
+    def root(self) -> Path | str:
+        """A local folder, or the URL of a remote cache (for messages)."""
+
     def open(self, s: int, opener: Callable[[Path, Path], T]) -> T: ...
 
     def open_index(self, s: int, reader: Callable[[Path], T]) -> T: ...

@@ -115,18 +115,18 @@ def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec:
     """
     from cachebuild.format.shard_writer import record_key
 
-    rows = np.asarray(rows, dtype=np.int64)
-    if not rows.size or not len(fields):
+    rows_arr = np.asarray(rows, dtype=np.int64)
+    if not rows_arr.size or not len(fields):
         return
     tar = np.frombuffer(buf, np.uint8)
-    entries = index[rows]
+    entries = index[rows_arr]
     starts = entries["offset"].reshape(-1) - _HEADER
     heads = tar[starts[:, None] + np.arange(136)]  # name [0:100], size field [124:136]
-    got = np.ascontiguousarray(heads[:, :_NAME_BYTES]).view(f"S{_NAME_BYTES}").reshape(len(rows), len(fields))
+    got = np.ascontiguousarray(heads[:, :_NAME_BYTES]).view(f"S{_NAME_BYTES}").reshape(len(rows_arr), len(fields))
     digits = heads[:, 124:135].astype(np.int64) - ord("0")
     octal_ok = ((digits >= 0) & (digits <= 7)).all(axis=1)
-    got_size = np.where(octal_ok, (np.clip(digits, 0, 7) * (8 ** np.arange(10, -1, -1))).sum(axis=1), -1).reshape(len(rows), len(fields))
-    want = _expected_names(fields, codec, first_record, rows)
+    got_size = np.where(octal_ok, (np.clip(digits, 0, 7) * (8 ** np.arange(10, -1, -1))).sum(axis=1), -1).reshape(len(rows_arr), len(fields))
+    want = _expected_names(fields, codec, first_record, rows_arr)
     bad = (got != want) | (got_size != entries["size"])
     del tar
     if bad.any():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 
@@ -19,7 +20,7 @@ def _header(dtype_str: str, shape: tuple[int, ...]) -> bytes:
 
 @lru_cache(maxsize=256)
 def _descr(dtype: np.dtype) -> str:
-    return np.lib.format.dtype_to_descr(dtype)
+    return cast(str, np.lib.format.dtype_to_descr(dtype))  # a plain dtype: a string (a record dtype would give a list)
 
 
 def npy_header(arr: np.ndarray) -> bytes:

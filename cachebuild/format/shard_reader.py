@@ -114,13 +114,14 @@ class ShardReader:
         e = self.index[record, self._field_pos[field]]
         return self._view[int(e["offset"]) : int(e["offset"]) + int(e["size"])]
 
-    def _decompress(self, data: memoryview, nbytes: int, is_json: bool, where: str) -> memoryview | bytes:
+    def _decompress(self, data: memoryview | bytes, nbytes: int, is_json: bool, where: str) -> memoryview | bytes:
         """Decode a zstd member, refusing before allocating when its frame declares a size the index does not allow."""
         declared = zstandard.frame_content_size(data) if len(data) >= 6 else -2
         bound = nbytes if is_json else nbytes + MAX_NPY_HEADER
         if declared < nbytes or declared > bound:
             what = "does not declare its size" if declared < 0 else f"declares {declared} bytes"
             raise ShardCorruptError(f"{where}: zstd frame {what}, the index allows {nbytes}..{bound} (corrupt or a decompression bomb)")
+        assert self._dctx is not None  # a zstd shard
         return self._dctx.decompress(data, max_output_size=bound)
 
     def read(self, record: int, field: str) -> Any:
@@ -129,7 +130,7 @@ class ShardReader:
             raise IndexError(f"shard {self.path.name} has {len(self.index)} records, asked for {record}")
         j = self._field_pos[field]
         e = self.index[record, j]
-        data = self.payload(record, field)
+        data: memoryview | bytes = self.payload(record, field)
         nbytes = int(e["nbytes"])
         dtype = self.fields[j][1]
         where = self._where(record, field)

@@ -49,11 +49,11 @@ def decoded_bytes_per_record(stream: ShardStream, fields: list[str]) -> float:
     return total / max(1, stream.manifest.records)
 
 
-def stored_payloads(shards: ShardSet, ids: np.ndarray, fields: list[str]) -> list[bytes]:
+def stored_payloads(shards: ShardSet, ids: np.ndarray, fields: list[str]) -> list[bytes | bytearray | memoryview]:
     """The stored (compressed) payload bytes of ``fields`` of records ``ids``, copied out of the shard mmaps."""
     s, local = shards.locate(np.asarray(ids, dtype=np.int64))
     cols = [shards.field_pos[n] for n in fields]
-    out: list[bytes] = []
+    out: list[bytes | bytearray | memoryview] = []
     for shard in np.unique(s).tolist():
         rows = local[s == shard]
         entries = shards.index(shard)[rows][:, cols].reshape(-1)

@@ -58,7 +58,7 @@ def _pad_stack(arrays: list[np.ndarray]) -> np.ndarray:
     shape = np.max([a.shape for a in arrays], axis=0)
     out = np.zeros((len(arrays), *shape), dtype=arrays[0].dtype)
     for i, a in enumerate(arrays):
-        out[(i, *(slice(0, d) for d in a.shape))] = a
+        out[(i,) + tuple(slice(0, d) for d in a.shape)] = a
     return out
 
 

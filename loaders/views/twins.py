@@ -212,7 +212,7 @@ class TwinsView(View):
         S, K, N, B = self.s, self.k_max, self.n_max, self.batch_size
         uniq, inv = items.unique, items.slot
         G = len(uniq)
-        if G > self.g_max:
+        if self.g_max is None or G > self.g_max:
             raise RuntimeError(f"batch {items.index} spans {G} graphs, more than the planned {self.g_max}")
         graphs, where = self.store.rows(shards, items)
         row = where[inv]  # each batch row's graph in the decoded arrays
