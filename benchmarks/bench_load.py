@@ -29,7 +29,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 import peers  # noqa: E402
-from _results import append  # noqa: E402
+from _results import append, quick_defaults  # noqa: E402
 
 from cachebuild.format import load_index, read_manifest  # noqa: E402
 from cachebuild.jobs import run_causal_build  # noqa: E402
@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0, help="measuring time per reader")
     ap.add_argument("--root", type=Path, default=Path("/dev/shm/cachebuild-bench-load"))
     ap.add_argument("--skip-litdata", action="store_true")
+    quick_defaults(ap, graphs=300, seconds=0.3, skip_litdata=True, root=Path("/dev/shm/cachebuild-bench-load-quick"))
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     shutil.rmtree(args.root, ignore_errors=True)

@@ -57,7 +57,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import append  # noqa: E402
+from _results import append, quick_defaults  # noqa: E402
 
 import loaders.views.mel  # noqa: E402,F401  (registers the mel views)
 from cachebuild.jobs import run_mel_build  # noqa: E402
@@ -360,6 +360,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the working folder")
     ap.add_argument("--no-litdata", action="store_true")
     ap.add_argument("--no-record", action="store_true", help="print the table, do not append it to RESULTS.md")
+    quick_defaults(ap, files=40, batch=1024, eval_files=8, limit_s=0.3, wav_files=20, no_litdata=True, no_record=True)
     args = ap.parse_args()
     shm = Path("/dev/shm")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-mel-", dir=shm if shm.is_dir() else None))
