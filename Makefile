@@ -56,12 +56,15 @@ bench-deps: venv
 	$(BIN)/python -m pip install -q -c benchmarks/constraints.txt -e '.[bench]'
 	$(BIN)/python -m pip install -q -c benchmarks/constraints.txt --no-deps 'litdata==0.2.76'
 
+BENCHES = bench_build bench_load bench_mel bench_feed bench_remote
+
 bench: bench-deps
-	$(BIN)/python benchmarks/bench_build.py
-	$(BIN)/python benchmarks/bench_load.py
-	$(BIN)/python benchmarks/bench_mel.py
-	$(BIN)/python benchmarks/bench_feed.py
-	$(BIN)/python benchmarks/bench_remote.py
+	set -e; for b in $(BENCHES); do $(BIN)/python benchmarks/$$b.py; done
+
+# CI's smoke test: every benchmark end to end on tiny inputs, nothing recorded (tests/test_bench_quick.py
+# runs the same); peers that are not installed are skipped with a note.
+bench-quick: venv
+	set -e; for b in $(BENCHES) peers; do BENCH_QUICK=1 $(BIN)/python benchmarks/$$b.py; done
 
 # No venv here: a GPU machine brings its own CUDA build of torch (GPU_PY=python3); see benchmarks/gpu_check.sh.
 gpu-check:

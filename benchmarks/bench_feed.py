@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0, help="seconds per measurement")
     ap.add_argument("--work", default=None, help="work folder (default: a fresh one in /dev/shm)")
     ap.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
-    quick_defaults(ap, graphs=200, files=40, batch=1024, graph_batch=16, mel_batch=1024, step_ms=5.0, seconds=0.5, no_record=True)
+    quick_defaults(ap, graphs=200, files=40, batch=1024, graph_batch=16, mel_batch=1024, step_ms=5.0, seconds=0.5)
     args = ap.parse_args()
 
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())

@@ -136,7 +136,8 @@ def main() -> None:
             rec(f"ours graphs {codec} w{w}", ours(cache, "graphs", 256, w, lim))
             rec(f"ours graphs stored-delta {codec} w{w}", ours(cache, "graphs", 256, w, lim, delta="stored"))
             rec(f"ours twins compact {codec} w{w}", ours(cache, "twins", 4096, w, lim, compact=True))
-            rec(f"webdataset {codec} w{w}", peers.webdataset_rate(cache, w, 256, lim))
+            if peers.installed("webdataset"):
+                rec(f"webdataset {codec} w{w}", peers.webdataset_rate(cache, w, 256, lim))
     if not args.skip_litdata:
         try:
             for comp in ("zstd", None):

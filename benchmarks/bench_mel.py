@@ -360,7 +360,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the working folder")
     ap.add_argument("--no-litdata", action="store_true")
     ap.add_argument("--no-record", action="store_true", help="print the table, do not append it to RESULTS.md")
-    quick_defaults(ap, files=40, batch=1024, eval_files=8, limit_s=0.3, wav_files=20, no_litdata=True, no_record=True)
+    quick_defaults(ap, files=40, batch=1024, eval_files=8, limit_s=0.3, wav_files=20, no_litdata=True)
     args = ap.parse_args()
     shm = Path("/dev/shm")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-mel-", dir=shm if shm.is_dir() else None))

@@ -56,6 +56,7 @@ os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # no PyPI request f
 __all__ = [
     "pad_collate",
     "webdataset_rate",
+    "installed",
     "litdata_prepare",
     "litdata_prepare_mel_segments",
     "litdata_rate",
@@ -66,6 +67,16 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- shared
+
+
+def installed(package: str) -> bool:
+    """Whether a peer's package can be imported; prints a note when it cannot (the peer is skipped)."""
+    import importlib.util
+
+    if importlib.util.find_spec(package) is not None:
+        return True
+    print(f"{package}: not installed; its peer is skipped (make bench-deps installs the peers)", flush=True)
+    return False
 
 
 def _collated_counts(batch: dict) -> tuple[int, int]:
@@ -504,6 +515,16 @@ def _build_smoke_caches(root: Path, graphs: int, mel_files: int) -> tuple[Path, 
     return zst, raw, mel
 
 
+def _smoke_litdata(root: Path, zst: Path, mel: Path, limit_s: float) -> None:
+    if not installed("litdata"):
+        return
+    for comp in ("zstd", None):
+        out = litdata_prepare(zst, root / f"lit-{comp}", comp)
+        _print_litdata(f"litdata[{comp}]", out, 256, limit_s)
+    seg = litdata_prepare_mel_segments(mel, root / "lit-mel", "zstd")
+    _print_litdata("litdata mel segments[zstd]", seg, 4096, limit_s)
+
+
 def _smoke(graphs: int, mel_files: int, limit_s: float) -> None:
     """Build small caches in /dev/shm and print every peer's numbers (a few minutes on 2 cores)."""
     root = Path(tempfile.mkdtemp(prefix="peers-smoke-", dir="/dev/shm"))
@@ -511,13 +532,9 @@ def _smoke(graphs: int, mel_files: int, limit_s: float) -> None:
         zst, raw, mel = _build_smoke_caches(root, graphs, mel_files)
         for name, cache in (("zstd", zst), ("raw", raw)):
             print(f"decompression_limit[{name}]", _fmt(decompression_limit(cache, 2)))
-            for w in (0, 2):
+            for w in (0, 2) if installed("webdataset") else ():
                 print(f"webdataset[{name}, workers={w}]", _fmt(webdataset_rate(cache, w, 256, limit_s)))
-        for comp in ("zstd", None):
-            out = litdata_prepare(zst, root / f"lit-{comp}", comp)
-            _print_litdata(f"litdata[{comp}]", out, 256, limit_s)
-        seg = litdata_prepare_mel_segments(mel, root / "lit-mel", "zstd")
-        _print_litdata("litdata mel segments[zstd]", seg, 4096, limit_s)
+        _smoke_litdata(root, zst, mel, limit_s)
         for w in (0, 2):
             print(f"onthefly_vectorised[workers={w}]", _fmt(onthefly_vectorised_rate(w, 256, limit_s)))
             print(f"user_pipeline[workers={w}]", _fmt(user_pipeline_rate(w, 4096, limit_s)))
@@ -532,5 +549,8 @@ if __name__ == "__main__":
     ap.add_argument("--graphs", type=int, default=3000)
     ap.add_argument("--mel-files", type=int, default=1000, help="synthetic mel files (80 segments each)")
     ap.add_argument("--limit-s", type=float, default=5.0, help="seconds measured per reader")
+    from _results import quick_defaults
+
+    quick_defaults(ap, graphs=300, mel_files=20, limit_s=0.3)
     args = ap.parse_args()
     _smoke(args.graphs, args.mel_files, args.limit_s)
