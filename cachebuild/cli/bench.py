@@ -33,7 +33,8 @@ _VIEWS = "graphs, twins (causal), mel, mel_files (mel), records (any)"
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Also draw the wait per step and the throughput over steps to this PNG (needs matplotlib).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: the loaders.bench module docstring) instead of the table.")
 @friendly
-def bench_command(cache, view, batch_size, workers, seconds, batches, step_ms, consumer, device, compare, sample, seed, plot, as_json) -> None:
+def bench_command(cache: Path, view: str | None, batch_size: int | None, workers: int, seconds: float | None, batches: int | None,
+                  step_ms: float, consumer: str | None, device: str, compare: bool, sample: int, seed: int, plot: Path | None, as_json: bool) -> None:
     """Drain CACHE through the loader and report records/s, samples/s, payload MB/s,
     time to first batch, the consumer's wait fraction and per-stage times.
 
