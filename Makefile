@@ -6,13 +6,16 @@ CACHE  ?= cache/causal
 DST    ?=
 GRAPHS ?= 5000
 
-.PHONY: help venv demo test test-fast lint bench bench-deps gpu-check ramdisk-stage ramdisk-clean clean
+.PHONY: help venv demo test test-fast lint types check bench bench-quick bench-deps gpu-check ramdisk-stage ramdisk-clean clean
 
 help:
 	@echo "make demo            venv + install + build a small causal cache ($(GRAPHS) graphs) + verify + inspect"
 	@echo "make test            venv + install + the test suite"
 	@echo "make lint            ruff: errors (unused or undefined names, bad defaults) in every package, test, benchmark and example"
+	@echo "make types           mypy: cachebuild and loaders (strict on the loader and the format; pyproject.toml [tool.mypy])"
+	@echo "make check           what CI runs: lint, types, tests"
 	@echo "make bench           every benchmark, peers included (appends to benchmarks/RESULTS.md; ~20 min)"
+	@echo "make bench-quick     every benchmark in its quick mode (BENCH_QUICK=1: tiny caches, short runs, nothing recorded; < 2 min)"
 	@echo "make gpu-check       on a CUDA machine: the gpu tests + benchmarks/bench_gpu.py -> benchmarks/gpu-check/gpu-check.md"
 	@echo "make ramdisk-stage   copy CACHE=$(CACHE) into /dev/shm/cachebuild/<name> and verify it"
 	@echo "make ramdisk-clean   remove the staged copy"
@@ -40,6 +43,11 @@ test: venv
 lint: venv
 	$(BIN)/ruff check cachebuild loaders tests benchmarks examples
 
+types: venv
+	$(BIN)/mypy
+
+check: lint types test
+
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow and not dist"
 
@@ -48,12 +56,15 @@ bench-deps: venv
 	$(BIN)/python -m pip install -q -c benchmarks/constraints.txt -e '.[bench]'
 	$(BIN)/python -m pip install -q -c benchmarks/constraints.txt --no-deps 'litdata==0.2.76'
 
+BENCHES = bench_build bench_load bench_mel bench_feed bench_remote
+
 bench: bench-deps
-	$(BIN)/python benchmarks/bench_build.py
-	$(BIN)/python benchmarks/bench_load.py
-	$(BIN)/python benchmarks/bench_mel.py
-	$(BIN)/python benchmarks/bench_feed.py
-	$(BIN)/python benchmarks/bench_remote.py
+	set -e; for b in $(BENCHES); do $(BIN)/python benchmarks/$$b.py; done
+
+# CI's smoke test: every benchmark end to end on tiny inputs, nothing recorded (tests/test_bench_quick.py
+# runs the same); peers that are not installed are skipped with a note.
+bench-quick: venv
+	set -e; for b in $(BENCHES) peers; do BENCH_QUICK=1 $(BIN)/python benchmarks/$$b.py; done
 
 # No venv here: a GPU machine brings its own CUDA build of torch (GPU_PY=python3); see benchmarks/gpu_check.sh.
 gpu-check:

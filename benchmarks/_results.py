@@ -1,15 +1,34 @@
-"""Append a benchmark's results to benchmarks/RESULTS.md with date, machine and command."""
+"""Append a benchmark's results to benchmarks/RESULTS.md with date, machine and command; the quick mode.
+
+Quick mode (``BENCH_QUICK=1`` in the environment, ``make bench-quick``): every
+benchmark runs end to end on tiny inputs for a short time, to show that it
+still runs (CI's smoke test); its numbers mean nothing, so :func:`append`
+prints the table and records nothing.
+"""
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import os
 import platform
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def quick() -> bool:
+    """True in quick mode (``BENCH_QUICK=1``)."""
+    return os.environ.get("BENCH_QUICK", "") not in ("", "0")
+
+
+def quick_defaults(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """In quick mode, replace the parser's defaults with these small ones (flags given still win)."""
+    if quick():
+        parser.set_defaults(**defaults)
 
 
 def machine() -> str:
@@ -41,6 +60,9 @@ def append(title: str, rows: list[tuple[str, str]], notes: list[str] = ()) -> No
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
     text = "\n".join(lines) + "\n\n"
+    if quick():
+        print(text + "(quick mode: BENCH_QUICK=1, tiny inputs; not recorded in RESULTS.md)")
+        return
     if not RESULTS.exists():
         RESULTS.write_text("# Benchmark results\n\nAppended by the scripts in benchmarks/; compare numbers within one run (shared machines drift).\n\n")
     with RESULTS.open("a") as fh:

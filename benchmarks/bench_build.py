@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import append  # noqa: E402
+from _results import append, quick_defaults  # noqa: E402
 from user_pipeline import UserStyleGenerator  # noqa: E402
 
 from cachebuild.builder import BuildOptions, build_cache  # noqa: E402
@@ -63,6 +63,7 @@ def main() -> None:
     ap.add_argument("--level", type=int, default=1)
     ap.add_argument("--user-sample", type=int, default=300, help="graphs timed through the user-style pipeline")
     ap.add_argument("--limit-sample", type=int, default=4096, help="graphs timed for the generation/compression limits")
+    quick_defaults(ap, graphs=400, workers=2, user_sample=10, limit_sample=256, out=Path("/tmp/cachebuild-bench-build-quick"))
     args = ap.parse_args()
 
     table = load_toml(args.config) if args.config else {}

@@ -6,7 +6,7 @@ per batch (default 20 ms: the CPU is free meanwhile, as it is while a GPU comput
 ~1-5 ms per batch on a data-centre GPU), so the baselines get more time to keep up
 than they would on a GPU; the step time of each example model on this CPU is printed
 for reference. Everything is measured with ``loaders.monitor.StallMonitor`` (one
-warm-up step left out), through ``cachebuild.bench``'s drain loop:
+warm-up step left out), through ``loaders.bench``'s drain loop:
 
 * causal: our ``twins`` view (compact, ``--batch`` twin rows) and ``graphs`` view
   (``--graph-batch`` graphs) with 1 and 2 workers vs. the users' on-the-fly pipeline
@@ -38,9 +38,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
-from _results import append  # noqa: E402
+from _results import append, quick_defaults  # noqa: E402
 
-from cachebuild.bench import _drain, run_bench  # noqa: E402
+from loaders.bench import drain as bench_drain, run_bench  # noqa: E402
 from loaders.loader import shutdown_workers  # noqa: E402
 from cachebuild.jobs import run_causal_build, run_mel_build  # noqa: E402
 
@@ -56,7 +56,7 @@ def sleeper(step_ms: float):
 
 def drain(loader, count, step_ms: float, seconds: float) -> dict:
     try:
-        sm, n = _drain(lambda epoch: loader, count, sleeper(step_ms), seconds, None)
+        sm, n = bench_drain(lambda epoch: loader, count, sleeper(step_ms), seconds, None)
     finally:
         shutdown_workers(loader)
     return {"wait_fraction": sm.wait_fraction, "samples_per_s": sm.samples_per_s or 0.0, "first_batch_s": sm.first_batch_s or 0.0,
@@ -73,7 +73,7 @@ def floor(step_ms: float, seconds: float, nbytes: int) -> dict:
             np.copyto(dst, src)
             yield {"x": dst}
 
-    sm, n = _drain(lambda epoch: gen(), lambda b: 1, sleeper(step_ms), seconds, None)
+    sm, n = bench_drain(lambda epoch: gen(), lambda b: 1, sleeper(step_ms), seconds, None)
     return {"wait_fraction": sm.wait_fraction, "wait_p95_ms": sm.wait_p95_ms, "batches": n, "wait_ms": sm.wait_s / max(1, sm.steps) * 1e3}
 
 
@@ -140,6 +140,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0, help="seconds per measurement")
     ap.add_argument("--work", default=None, help="work folder (default: a fresh one in /dev/shm)")
     ap.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
+    quick_defaults(ap, graphs=200, files=40, batch=1024, graph_batch=16, mel_batch=1024, step_ms=5.0, seconds=0.5)
     args = ap.parse_args()
 
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())

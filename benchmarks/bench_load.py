@@ -29,7 +29,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 import peers  # noqa: E402
-from _results import append  # noqa: E402
+from _results import append, quick_defaults  # noqa: E402
 
 from cachebuild.format import load_index, read_manifest  # noqa: E402
 from cachebuild.jobs import run_causal_build  # noqa: E402
@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0, help="measuring time per reader")
     ap.add_argument("--root", type=Path, default=Path("/dev/shm/cachebuild-bench-load"))
     ap.add_argument("--skip-litdata", action="store_true")
+    quick_defaults(ap, graphs=300, seconds=0.3, skip_litdata=True, root=Path("/dev/shm/cachebuild-bench-load-quick"))
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     shutil.rmtree(args.root, ignore_errors=True)
@@ -135,7 +136,8 @@ def main() -> None:
             rec(f"ours graphs {codec} w{w}", ours(cache, "graphs", 256, w, lim))
             rec(f"ours graphs stored-delta {codec} w{w}", ours(cache, "graphs", 256, w, lim, delta="stored"))
             rec(f"ours twins compact {codec} w{w}", ours(cache, "twins", 4096, w, lim, compact=True))
-            rec(f"webdataset {codec} w{w}", peers.webdataset_rate(cache, w, 256, lim))
+            if peers.installed("webdataset"):
+                rec(f"webdataset {codec} w{w}", peers.webdataset_rate(cache, w, 256, lim))
     if not args.skip_litdata:
         try:
             for comp in ("zstd", None):

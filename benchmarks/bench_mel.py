@@ -10,7 +10,7 @@ layout, and caches built from that file with ``run_mel_build``), in one run:
       batch size, 0 and 2 workers; target >= 20x;
   (b) LitData storing one segment per sample (``benchmarks/peers.py``); target >= 10x;
   (c) file-level evaluation, files/s: ``mel_files`` batches through a small CNN
-      in one call + vectorised votes (``loaders.mel_eval``) vs. the users' loop
+      in one call + vectorised votes (``cachebuild.mel.voting``) vs. the users' loop
       (per file: read its segments, run the model, vote), with the segments read
       either through their training Dataset (80 ``__getitem__``) or, kinder to
       them, as one HDF5 slice; plus the CNN's own throughput (the bound on a
@@ -57,14 +57,14 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import append  # noqa: E402
+from _results import append, quick_defaults  # noqa: E402
 
 import loaders.views.mel  # noqa: E402,F401  (registers the mel views)
 from cachebuild.jobs import run_mel_build  # noqa: E402
 from cachebuild.mel import MelConfig  # noqa: E402
 from loaders import ShardStream, make_loader  # noqa: E402
 from loaders.loader import shutdown_workers  # noqa: E402
-from loaders.mel_eval import file_votes  # noqa: E402
+from cachebuild.mel.voting import file_votes  # noqa: E402
 
 L, S, M, T = 40, 2, 64, 1
 SEGMENTS = L * S
@@ -360,6 +360,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the working folder")
     ap.add_argument("--no-litdata", action="store_true")
     ap.add_argument("--no-record", action="store_true", help="print the table, do not append it to RESULTS.md")
+    quick_defaults(ap, files=40, batch=1024, eval_files=8, limit_s=0.3, wav_files=20, no_litdata=True)
     args = ap.parse_args()
     shm = Path("/dev/shm")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-mel-", dir=shm if shm.is_dir() else None))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from _results import append  # noqa: E402
+from _results import append, quick_defaults  # noqa: E402
 from remote_fixtures import serve_folder  # noqa: E402
 
 from cachebuild.format.manifest import read_manifest  # noqa: E402
@@ -63,6 +63,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=3, help="loader passes per source (the first remote one is cold)")
     ap.add_argument("--skip-build", action="store_true")
+    quick_defaults(ap, build_graphs=600, build_shard_mb=0.5, load_graphs=300, epochs=2)
     args = ap.parse_args()
 
     from loaders import ShardStream, make_loader

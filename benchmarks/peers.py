@@ -7,7 +7,8 @@ tensors, variable-n arrays zero-padded to the largest n in the batch (the
 collation a user would write, :func:`pad_collate`).
 
 * :func:`webdataset_rate`: ``webdataset.WebDataset`` over our shards with a
-  small ``.zst`` member decoder, per-sample decode, ``.batched``.
+  small ``.zst`` member decoder, per-sample decode, ``.batched``
+  (:mod:`loaders.bench.webdataset`, the reader ``cachebuild bench --compare`` uses too).
 * :func:`litdata_prepare` / :func:`litdata_prepare_mel_segments` /
   :func:`litdata_rate`: the same records rewritten by ``litdata.optimize``
   and read with ``StreamingDataset`` + ``StreamingDataLoader``.
@@ -30,7 +31,6 @@ are imported inside the functions that need them.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -48,6 +48,7 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cachebuild.format import Manifest, ShardSet, open_cache, read_manifest, read_record  # noqa: E402
+from loaders.bench.webdataset import BYTES_KEY, COUNT_KEY, pad_collate, webdataset_pipeline  # noqa: E402
 from loaders.loader import shutdown_workers  # noqa: E402
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # no PyPI request from litdata.optimize
@@ -55,6 +56,7 @@ os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # no PyPI request f
 __all__ = [
     "pad_collate",
     "webdataset_rate",
+    "installed",
     "litdata_prepare",
     "litdata_prepare_mel_segments",
     "litdata_rate",
@@ -63,43 +65,18 @@ __all__ = [
     "user_pipeline_rate",
 ]
 
-COUNT_KEY = "_samples"  # added by pad_collate: samples (graphs or segments) in the batch
-BYTES_KEY = "_payload_bytes"  # added by pad_collate: decoded array bytes in the batch (before padding)
-
 
 # --------------------------------------------------------------------------- shared
 
 
-def pad_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack a list of samples (dicts of numpy arrays) into torch tensors.
+def installed(package: str) -> bool:
+    """Whether a peer's package can be imported; prints a note when it cannot (the peer is skipped)."""
+    import importlib.util
 
-    Every array field is zero-padded along each axis to the largest length in
-    the batch; non-array fields (the JSON metadata) are left out. Adds
-    ``COUNT_KEY`` and ``BYTES_KEY`` (decoded array bytes, padding excluded) so a
-    benchmark can count what was delivered.
-    """
-    out: dict[str, Any] = {}
-    nbytes = 0
-    for key, first in samples[0].items():
-        if not isinstance(first, np.ndarray):
-            continue
-        arrays = [s[key] for s in samples]
-        nbytes += sum(a.nbytes for a in arrays)
-        out[key] = torch.from_numpy(_pad_stack(arrays))
-    out[COUNT_KEY] = len(samples)
-    out[BYTES_KEY] = nbytes
-    return out
-
-
-def _pad_stack(arrays: list[np.ndarray]) -> np.ndarray:
-    """``[B, *max_shape]`` array holding each array in its top-left corner, zeros elsewhere."""
-    if arrays[0].ndim == 0:
-        return np.stack(arrays)
-    shape = np.max([a.shape for a in arrays], axis=0)
-    out = np.zeros((len(arrays), *shape), dtype=arrays[0].dtype)
-    for i, a in enumerate(arrays):
-        out[(i, *(slice(0, d) for d in a.shape))] = a
-    return out
+    if importlib.util.find_spec(package) is not None:
+        return True
+    print(f"{package}: not installed; its peer is skipped (make bench-deps installs the peers)", flush=True)
+    return False
 
 
 def _collated_counts(batch: dict) -> tuple[int, int]:
@@ -186,47 +163,6 @@ def _unit(cache_dir: str | Path) -> str:
 
 
 # --------------------------------------------------------------------------- WebDataset
-
-_DCTX: zstandard.ZstdDecompressor | None = None
-
-
-def decode_zst_sample(sample: dict[str, Any]) -> dict[str, Any]:
-    """WebDataset map: ``*.npy.zst`` / ``*.npy`` -> numpy array, ``json[.zst]`` -> dict (never unpickles)."""
-    global _DCTX
-    out: dict[str, Any] = {}
-    for key, value in sample.items():
-        if key.startswith("__"):
-            continue
-        if key.endswith(".zst"):
-            _DCTX = _DCTX or zstandard.ZstdDecompressor()
-            key, value = key[:-4], _DCTX.decompress(value)
-        if key.endswith(".npy"):
-            out[key[:-4]] = np.load(io.BytesIO(value), allow_pickle=False)
-        elif key == "json":
-            out[key] = json.loads(value)
-    return out
-
-
-def _shard_paths(cache_dir: str | Path) -> list[str]:
-    manifest = read_manifest(cache_dir)
-    return [str(Path(cache_dir) / s.name) for s in manifest.shards]
-
-
-def webdataset_pipeline(cache_dir: str | Path, batch_size: int, shuffle: bool = True):
-    """What a WebDataset user writes for our shards: split by worker, decode, (shuffle,) pad-batch."""
-    import webdataset as wds
-
-    ds = wds.WebDataset(
-        _shard_paths(cache_dir),
-        shardshuffle=100 if shuffle else False,
-        workersplitter=wds.split_by_worker,
-        empty_check=False,
-        seed=0,
-    ).map(decode_zst_sample)
-    if shuffle:
-        ds = ds.shuffle(1000)
-    return ds.batched(batch_size, collation_fn=pad_collate, partial=True)
-
 
 def webdataset_rate(cache_dir: str | Path, num_workers: int, batch_size: int, limit_s: float, shuffle: bool = True) -> dict:
     """Graphs/s, decoded payload MB/s and time to the first batch of WebDataset over our shards.
@@ -584,6 +520,16 @@ def _build_smoke_caches(root: Path, graphs: int, mel_files: int) -> tuple[Path, 
     return zst, raw, mel
 
 
+def _smoke_litdata(root: Path, zst: Path, mel: Path, limit_s: float) -> None:
+    if not (installed("litdata") and installed("zstd")):  # LitData's zstd compression needs the zstd package
+        return
+    for comp in ("zstd", None):
+        out = litdata_prepare(zst, root / f"lit-{comp}", comp)
+        _print_litdata(f"litdata[{comp}]", out, 256, limit_s)
+    seg = litdata_prepare_mel_segments(mel, root / "lit-mel", "zstd")
+    _print_litdata("litdata mel segments[zstd]", seg, 4096, limit_s)
+
+
 def _smoke(graphs: int, mel_files: int, limit_s: float) -> None:
     """Build small caches in /dev/shm and print every peer's numbers (a few minutes on 2 cores)."""
     root = Path(tempfile.mkdtemp(prefix="peers-smoke-", dir="/dev/shm"))
@@ -591,13 +537,9 @@ def _smoke(graphs: int, mel_files: int, limit_s: float) -> None:
         zst, raw, mel = _build_smoke_caches(root, graphs, mel_files)
         for name, cache in (("zstd", zst), ("raw", raw)):
             print(f"decompression_limit[{name}]", _fmt(decompression_limit(cache, 2)))
-            for w in (0, 2):
+            for w in (0, 2) if installed("webdataset") else ():
                 print(f"webdataset[{name}, workers={w}]", _fmt(webdataset_rate(cache, w, 256, limit_s)))
-        for comp in ("zstd", None):
-            out = litdata_prepare(zst, root / f"lit-{comp}", comp)
-            _print_litdata(f"litdata[{comp}]", out, 256, limit_s)
-        seg = litdata_prepare_mel_segments(mel, root / "lit-mel", "zstd")
-        _print_litdata("litdata mel segments[zstd]", seg, 4096, limit_s)
+        _smoke_litdata(root, zst, mel, limit_s)
         for w in (0, 2):
             print(f"onthefly_vectorised[workers={w}]", _fmt(onthefly_vectorised_rate(w, 256, limit_s)))
             print(f"user_pipeline[workers={w}]", _fmt(user_pipeline_rate(w, 4096, limit_s)))
@@ -612,5 +554,8 @@ if __name__ == "__main__":
     ap.add_argument("--graphs", type=int, default=3000)
     ap.add_argument("--mel-files", type=int, default=1000, help="synthetic mel files (80 segments each)")
     ap.add_argument("--limit-s", type=float, default=5.0, help="seconds measured per reader")
+    from _results import quick_defaults
+
+    quick_defaults(ap, graphs=300, mel_files=20, limit_s=0.3)
     args = ap.parse_args()
     _smoke(args.graphs, args.mel_files, args.limit_s)

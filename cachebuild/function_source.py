@@ -150,7 +150,7 @@ class FunctionSource:
             raise SourceError(f"source {self.kind!r} shard {shard} record {a} block returned a {type(cols).__name__}, not a dict of arrays")
         for name, value in cols.items():
             if not hasattr(value, "__len__") or getattr(value, "ndim", 1) == 0 or len(value) != n:
-                got = len(value) if hasattr(value, "__len__") and getattr(value, "ndim", 1) else "no"
+                got = len(value) if hasattr(value, "__len__") and getattr(value, "ndim", True) else "no"
                 raise SourceError(
                     f"source {self.kind!r} shard {shard} record {a} field {name!r}: a block of records [{a}, {z}) "
                     f"needs {n} rows, got {got}"

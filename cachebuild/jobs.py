@@ -105,11 +105,13 @@ def mel_source_from(
         raise ConfigError(f"give exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N with `cachebuild mel`, or a [source] table "
                           f"(h5 = \"FILE\", wav = \"DIR\" or synthetic = N) in a recipe for `cachebuild build` (got {', '.join(given) or 'none'})")
     cfg = parse_mel_config(recipe.table)
+    source: H5Source | WavFolderSource | SyntheticSource
     if from_h5 is not None:
         source = H5Source(from_h5, cfg, dict(h5_datasets) if h5_datasets else None)
     elif from_wav is not None:
         source = WavFolderSource(from_wav, cfg)
     else:
+        assert synthetic is not None  # exactly one source is given
         whole("--synthetic", synthetic, 1, MAX_RECORDS)
         source = SyntheticSource(synthetic, cfg, recipe.seed)
     if len(source) == 0:

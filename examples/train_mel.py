@@ -10,7 +10,7 @@ along the mel bins, pooled, one leak logit. With our loader it trains on the ``m
 view (one row per segment, mixed across files, float16 as stored, pinned and copied
 on a side stream by ``to_device``) and, at the end of each epoch, evaluates every file
 through the ``mel_files`` view: a batch of files is one model call on all their
-segments and one vectorised vote (:func:`loaders.mel_eval.file_votes`).
+segments and one vectorised vote (:func:`cachebuild.mel.voting.file_votes`).
 
 With ``--baseline`` the same model is fed by a faithful re-implementation of the
 users' pipeline: their HDF5 per-item Dataset (one segment per ``__getitem__``, h5py
@@ -39,7 +39,7 @@ from torch import nn
 
 from _common import pick_device, print_summary
 from loaders import ShardStream, make_loader, to_device
-from loaders.mel_eval import file_confusion, file_votes, leak_label_id
+from cachebuild.mel.voting import file_confusion, file_votes, leak_label_id
 from loaders.monitor import StallMonitor
 
 

@@ -25,13 +25,26 @@ pass runs: the next one, unless ``set_epoch``/``load_state_dict`` said
 otherwise), :mod:`~loaders.device` (``to_device``), :mod:`~loaders.monitor`
 and :mod:`~loaders.monitor_out` (the stall monitor and its outputs),
 :mod:`~loaders.lightning` (a Lightning datamodule; imports Lightning). Only
-``cachebuild.format`` and ``cachebuild.errors`` are imported from cachebuild.
+``cachebuild.format``, ``cachebuild.errors`` and ``cachebuild.checks`` are
+imported from cachebuild (and nothing in cachebuild imports loaders but the
+``cachebuild bench`` command, lazily). :mod:`~loaders.bench` is the loader's
+benchmark (``cachebuild bench``).
+
+Public names are those of ``__all__``; the plan and batch-layout internals
+(``EpochPlan``, ``BatchItems``, ``epoch_order``, ``Layout``, ``Field``) live in
+:mod:`loaders.plan` and :mod:`loaders.batch` (importing them from ``loaders``
+still works and warns).
 """
 
-from loaders.batch import Batch, Field, Layout, PackedBatch
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
+from loaders.batch import Batch, PackedBatch
 from loaders.device import to_device
 from loaders.loader import StreamLoader, loader_state, make_loader
-from loaders.plan import BatchItems, EpochPlan, epoch_order
 from loaders.state import PlanConfig
 from loaders.stream import ShardStream
 from loaders.views import VIEWS, View, expand_compact, register_view
@@ -43,17 +56,31 @@ __all__ = [
     "loader_state",
     "to_device",
     "StreamLoader",
-    "EpochPlan",
-    "BatchItems",
-    "epoch_order",
     "World",
     "PlanConfig",
     "Batch",
     "PackedBatch",
-    "Layout",
-    "Field",
     "View",
     "VIEWS",
     "register_view",
     "expand_compact",
 ]
+
+_MOVED = {
+    "EpochPlan": "loaders.plan",
+    "BatchItems": "loaders.plan",
+    "epoch_order": "loaders.plan",
+    "Layout": "loaders.batch",
+    "Field": "loaders.batch",
+}
+"""Internals this package exported before: still importable from here, with a DeprecationWarning."""
+
+
+def __getattr__(name: str) -> Any:
+    """``from loaders import EpochPlan`` (and the other names of :data:`_MOVED`): warn, then return it."""
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module 'loaders' has no attribute {name!r}")
+    warnings.warn(f"loaders.{name} is internal and no longer exported from loaders; import it from {module}",
+                  DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(module), name)

@@ -26,7 +26,7 @@ __all__ = ["to_device", "move"]
 def _packed_of(batch: Any) -> PackedBatch | None:
     """The packed buffer behind a batch, if the batch is exactly its unpacked views."""
     packed = getattr(batch, "packed", None) if isinstance(batch, Batch) else None
-    if packed is None or list(batch.keys()) != list(packed.keys()):
+    if not isinstance(packed, PackedBatch) or list(batch.keys()) != list(packed.keys()):
         return None
     base = packed.buffer.untyped_storage().data_ptr()
     if any(not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() != base for t in batch.values()):

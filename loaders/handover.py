@@ -38,7 +38,7 @@ class Handover:
     def __init__(self, source: Iterator[Any], prepare: Callable[[Any], Any], depth: int = 2):
         self._source = source
         self._prepare = prepare
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cachebuild-handover", daemon=True)
         self._thread.start()

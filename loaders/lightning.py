@@ -29,7 +29,7 @@ try:
     import lightning.pytorch as pl
 except ImportError:  # the older package name
     try:
-        import pytorch_lightning as pl
+        import pytorch_lightning as pl  # type: ignore[no-redef]
     except ImportError as e:
         raise ImportError("loaders.lightning needs Lightning: pip install lightning") from e
 

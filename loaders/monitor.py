@@ -34,15 +34,21 @@ import logging
 import sys
 import time
 import warnings
-from array import array
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, Generator, Iterable, Iterator, Literal
 
 import numpy as np
 
 from loaders.monitor_out import plot_steps, summary_metrics, summary_table
+from loaders.monitor_summary import (
+    DataBoundWarning,
+    EpochCounters,
+    LowGpuUtilWarning,
+    StallSummary,
+    batch_counter,
+    data_bound_advice,
+    low_gpu_advice,
+)
 from loaders.sysstats import _nvml, _Sampler  # noqa: F401  (_nvml: re-exported for tests)
 
 __all__ = ["StallMonitor", "StallSummary", "DataBoundWarning", "LowGpuUtilWarning", "measure_overhead"]
@@ -50,99 +56,6 @@ __all__ = ["StallMonitor", "StallSummary", "DataBoundWarning", "LowGpuUtilWarnin
 _log = logging.getLogger(__name__)
 _MIN_STEPS_TO_WARN = 10
 _EVENT_EVERY = 50  # steps between postfix refreshes and mid-epoch checks
-
-
-class DataBoundWarning(UserWarning):
-    """The trainer spent more than the threshold of its time waiting for batches."""
-
-
-class LowGpuUtilWarning(UserWarning):
-    """The GPU was busy less than the threshold percentage of the time."""
-
-
-@dataclass(frozen=True)
-class StallSummary:
-    """One epoch's (or the running epoch's) measurements, over the steps after warm-up.
-
-    ``gpu_util_mean`` (NVML, over the measured window) is None without NVML or a GPU;
-    ``gpu_idle_*`` (CUDA events: the GPU's idle gaps between steps, see
-    :mod:`loaders.gpu_idle`) are None without CUDA; ``cpu_percent`` (system-wide mean)
-    and ``ram_used_gb`` (system, peak) are None when system sampling is off.
-    """
-
-    steps: int
-    samples: int | None
-    wall_s: float
-    wait_s: float
-    wait_fraction: float
-    wait_p50_ms: float
-    wait_p95_ms: float
-    wait_max_ms: float
-    batches_per_s: float
-    samples_per_s: float | None
-    first_batch_s: float | None
-    warmup: int
-    gpu_util_mean: float | None
-    gpu_mem_used_gb: float | None
-    gpu_idle_fraction: float | None
-    gpu_idle_ms_per_step: float | None
-    cpu_percent: float | None
-    ram_used_gb: float | None
-    data_bound: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def line(self) -> str:
-        """One human line, as logged every ``log_every`` steps."""
-        parts = [f"{self.steps} steps", f"wait {self.wait_fraction:.1%} (p95 {self.wait_p95_ms:.1f} ms)", f"{self.batches_per_s:.1f} batches/s"]
-        if self.samples_per_s is not None:
-            parts.append(f"{self.samples_per_s:,.0f} samples/s")
-        if self.gpu_idle_fraction is not None:
-            parts.append(f"gpu idle {self.gpu_idle_fraction:.1%}")
-        if self.gpu_util_mean is not None:
-            parts.append(f"gpu {self.gpu_util_mean:.0f}% {self.gpu_mem_used_gb or 0:.1f} GB")
-        if self.cpu_percent is not None:
-            parts.append(f"cpu {self.cpu_percent:.0f}% ram {self.ram_used_gb:.1f} GB")
-        return ", ".join(parts)
-
-
-def _batch_counter(batch_size: int | Callable[[Any], int] | None, samples_key: str | None, batch: Any) -> Callable[[Any], int] | None:
-    """How to count samples in a batch, decided once from the first batch (None: unknown)."""
-    if isinstance(batch_size, int):
-        return lambda b: batch_size
-    if callable(batch_size):
-        return batch_size
-    if samples_key is not None:
-        return lambda b: len(b[samples_key])
-    if getattr(batch, "ndim", 0) >= 1:
-        return lambda b: b.shape[0]
-    keys = batch.keys() if isinstance(batch, Mapping) else range(len(batch)) if isinstance(batch, (tuple, list)) else ()
-    for k in keys:
-        if getattr(batch[k], "ndim", 0) >= 1:
-            return lambda b, k=k: b[k].shape[0]
-    return None
-
-
-class _Epoch:
-    """Running counters of one pass over the loader (slots: cheap per-step updates)."""
-
-    __slots__ = ("waits", "arrivals", "steps", "samples", "wait_s", "start", "end", "first_batch_s", "warned", "count", "next_event", "mark",
-                 "meter")
-
-    def __init__(self) -> None:
-        self.waits = array("d")
-        self.arrivals = array("d")  # perf_counter when each batch arrived (throughput over steps, for plots)
-        self.steps = self.samples = 0
-        self.wait_s = 0.0
-        self.start: float | None = None
-        self.end: float | None = None
-        self.first_batch_s: float | None = None
-        self.warned: set[type] = set()
-        self.count: Callable[[Any], int] | None = None
-        self.next_event = 1  # the first step resolves the batch-size counter
-        self.mark: list = [0.0, 0, 0.0, 0]  # (time, steps, wait_s, samples) at the last log line
-        self.meter: Any = None  # GpuIdleMeter when CUDA is in use
 
 
 class StallMonitor:
@@ -197,17 +110,17 @@ class StallMonitor:
         self.history: list[StallSummary] = []
         self.traces: list[tuple[np.ndarray, np.ndarray]] = []  # per finished epoch: waits (s), arrival times (s from its start)
         self._steps_before = 0  # steps of the finished epochs: the hook's global step
-        self._epoch = _Epoch()
+        self._epoch = EpochCounters()
         self._sampler: _Sampler | None = None
         self._bar: Any = None
 
     # ------------------------------------------------------------------ the loop
-    def wrap(self, iterable: Iterable[Any]) -> Iterator[Any]:
+    def wrap(self, iterable: Iterable[Any]) -> Generator[Any, None, None]:
         """Yield the batches of ``iterable``, timing each ``next()``; one call = one epoch."""
         return self._run(iter(iterable))
 
-    def _run(self, it: Iterator[Any]) -> Iterator[Any]:
-        ep = self._epoch = _Epoch()
+    def _run(self, it: Iterator[Any]) -> Generator[Any, None, None]:
+        ep = self._epoch = EpochCounters()
         self._start_sampler()
         sync = self._cuda_sync()
         meter = ep.meter = self._idle_meter()
@@ -215,7 +128,7 @@ class StallMonitor:
         t0 = pc()
         exhausted = False
         if warmup == 0:
-            ep.start, ep.mark = t0, [t0, 0, 0.0, 0]
+            ep.start, ep.mark = t0, (t0, 0, 0.0, 0)
         try:
             while True:
                 try:
@@ -242,16 +155,16 @@ class StallMonitor:
                     sync()
                 t0 = pc()
                 if ep.steps == warmup:  # the measured window starts with the next wait
-                    ep.start, ep.mark = t0, [t0, ep.steps, 0.0, 0]
+                    ep.start, ep.mark = t0, (t0, ep.steps, 0.0, 0)
         finally:
             ep.end = t0 if exhausted else pc()  # loop left early: the step in progress counts
             self._finish(ep)
 
-    def _event(self, ep: _Epoch, batch: Any, now: float) -> None:
+    def _event(self, ep: EpochCounters, batch: Any, now: float) -> None:
         """Rare per-step work (every few dozen steps): first batch, postfix, log line, mid-epoch check."""
         if ep.steps == 1:
             ep.first_batch_s = ep.waits[0]
-            ep.count = _batch_counter(self.batch_size, self.samples_key, batch)
+            ep.count = batch_counter(self.batch_size, self.samples_key, batch)
             if ep.count is not None and self.warmup == 0:
                 ep.samples += ep.count(batch)
         marks = [ep.steps + _EVENT_EVERY - ep.steps % _EVENT_EVERY]
@@ -269,12 +182,12 @@ class StallMonitor:
                 self._check(ep, None)
         ep.next_event = min(marks)
 
-    def _window(self, ep: _Epoch, now: float) -> tuple[str, dict[str, float]]:
+    def _window(self, ep: EpochCounters, now: float) -> tuple[str, dict[str, float]]:
         """Log line and hook metrics for the steps since the previous ones (so they show the present, in O(log_every))."""
         t, steps, wait_s, samples = ep.mark
         n, wall = ep.steps - steps, max(now - t, 1e-12)
         recent = np.frombuffer(ep.waits[max(steps, self.warmup) :], dtype=np.float64) * 1e3  # a copy: never pin the growing array
-        ep.mark = [now, ep.steps, ep.wait_s, ep.samples]
+        ep.mark = (now, ep.steps, ep.wait_s, ep.samples)
         p50, p95 = np.percentile(recent, [50, 95])
         m = {"data/wait_fraction": (ep.wait_s - wait_s) / wall, "data/wait_p50_ms": float(p50), "data/wait_p95_ms": float(p95), "data/batches_per_s": n / wall}
         line = f"steps {steps}-{ep.steps}: wait {m['data/wait_fraction']:.1%} (p95 {p95:.1f} ms), {n / wall:.1f} batches/s"
@@ -288,7 +201,7 @@ class StallMonitor:
             m["sys/cpu_percent"], m["sys/ram_gb"] = s.cpu[-1], s.ram[-1]
         return line + self._system_text(), m
 
-    def _finish(self, ep: _Epoch) -> None:
+    def _finish(self, ep: EpochCounters) -> None:
         if self._sampler is not None:
             self._sampler.stop()
         summary = self.summary()
@@ -399,7 +312,8 @@ class StallMonitor:
     def _cuda_sync(self) -> Callable[[], None] | None:
         torch = sys.modules.get("torch")
         if self.sync_cuda and torch is not None and torch.cuda.is_available():
-            return torch.cuda.synchronize
+            sync: Callable[[], None] = torch.cuda.synchronize
+            return sync
         return None
 
     def _idle_meter(self) -> Any:
@@ -423,43 +337,23 @@ class StallMonitor:
             util = late if len(late) else util
         return float(util.mean())
 
-    def _check(self, ep: _Epoch, summary: StallSummary | None) -> None:
+    def _check(self, ep: EpochCounters, summary: StallSummary | None) -> None:
         """Warn (once per epoch and kind) when data-bound or when the GPU idles; cheap unless it warns."""
         steps, _, frac = self._live()
         if steps < _MIN_STEPS_TO_WARN:
             return
         gpu = self._gpu_mean()
         if frac > self.data_bound_threshold and DataBoundWarning not in ep.warned:
-            self._warn(ep, DataBoundWarning, _data_bound_advice(summary or self.summary(), self.data_bound_threshold))
+            self._warn(ep, DataBoundWarning, data_bound_advice(summary or self.summary(), self.data_bound_threshold))
         if gpu is not None and gpu < self.low_gpu_util and LowGpuUtilWarning not in ep.warned:
-            self._warn(ep, LowGpuUtilWarning, _low_gpu_advice(summary or self.summary(), self.low_gpu_util))
+            self._warn(ep, LowGpuUtilWarning, low_gpu_advice(summary or self.summary(), self.low_gpu_util))
 
-    def _warn(self, ep: _Epoch, kind: type[UserWarning], message: str) -> None:
+    def _warn(self, ep: EpochCounters, kind: type[UserWarning], message: str) -> None:
         ep.warned.add(kind)
         if self.warn == "warnings":
             warnings.warn(message, kind, stacklevel=5)  # the user's for-loop
         elif self.warn == "logging":
             self.logger.warning("%s: %s", kind.__name__, message)
-
-
-def _data_bound_advice(sm: StallSummary, threshold: float) -> str:
-    return (
-        f"training is data-bound: the loop waited for its next batch {sm.wait_fraction:.0%} of the time "
-        f"({sm.wait_s:.2f} s of {sm.wall_s:.2f} s over {sm.steps} steps, p95 wait {sm.wait_p95_ms:.1f} ms; threshold {threshold:.0%}). "
-        "To feed it faster: (1) more loader workers (num_workers, up to the free CPU cores); "
-        "(2) a deeper prefetch (prefetch_factor: more batches in flight); "
-        "(3) no decompression and no disk: a raw cache on tmpfs, `cachebuild generate --codec none` then `make ramdisk-stage`; "
-        "(4) larger blocks/batches, so per-batch overhead is paid less often."
-    )
-
-
-def _low_gpu_advice(sm: StallSummary, low: float) -> str:
-    why = (
-        "the GPU idles while the loop waits for data: follow the data-bound advice (more workers, deeper prefetch, raw cache on tmpfs)"
-        if sm.data_bound
-        else "the loop is not waiting for data, so each step gives the GPU too little work: larger batches, fewer host syncs per step (.item(), .cpu(), printing), mixed precision or torch.compile"
-    )
-    return f"GPU utilisation averaged {sm.gpu_util_mean:.0f}% (< {low:.0f}%) over {sm.wall_s:.1f} s: {why}."
 
 
 def measure_overhead(steps: int = 100_000) -> float:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from loaders.monitor import StallSummary
+    from loaders.monitor_summary import StallSummary
 
 __all__ = ["METRIC_KEYS", "summary_metrics", "tensorboard_hook", "summary_table", "plot_steps"]
 

@@ -47,9 +47,6 @@ __all__ = [
     "num_batches",
     "steps_per_rank",
     "rank_batches",
-    "worker_batches",
-    "batch_positions",
-    "locate_items",
     "in_batch_permutation",
     "BatchItems",
     "EpochPlan",
@@ -132,32 +129,6 @@ def rank_batches(batches: int, world_size: int, rank: int, start: int = 0, drop_
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     steps = steps_per_rank(batches, world_size, start, drop_last)
     return start + np.arange(steps, dtype=np.int64) * world_size + rank
-
-
-def worker_batches(rank_ids: np.ndarray, worker: int, num_workers: int) -> np.ndarray:
-    """The part of a rank's batch ids built by ``worker``: every ``num_workers``-th from ``worker``."""
-    return rank_ids[worker::num_workers]
-
-
-def batch_positions(b: int, batch_size: int, total_items: int) -> tuple[np.ndarray, np.ndarray]:
-    """Stream positions of global batch ``b`` (wrapped into ``[0, total)``) and the padding flags."""
-    if total_items < 1:
-        raise ValueError("an epoch with no items has no batches")
-    pos = b * batch_size + np.arange(batch_size, dtype=np.int64)
-    is_pad = pos >= total_items
-    return pos % total_items, is_pad
-
-
-def locate_items(positions: np.ndarray, bounds: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """``(record position in the epoch order, item index inside its record)`` of stream positions.
-
-    ``bounds`` is ``[0, cumsum(items per record in epoch order)]``; ``None``
-    means one item per record.
-    """
-    if bounds is None:
-        return positions, np.zeros_like(positions)
-    rec = np.searchsorted(bounds, positions, side="right") - 1
-    return rec, positions - bounds[rec]
 
 
 def in_batch_permutation(seed: int, epoch: int, b: int, batch_size: int) -> np.ndarray:
@@ -322,6 +293,7 @@ class EpochPlan:
         """The permuted chunks of pool ``q`` (computed once, the last few kept)."""
         t = self._tables.get(q)
         if t is None:
+            assert self.pools is not None and self.bounds is not None, "only a mixed plan has pools"
             a, z = int(self.pools[q]), int(self.pools[q + 1])
             per = np.diff(self.bounds[a : z + 1])
             t = pool_table(per, a, self.chunk, _rng(self.seed, self.epoch, _TAG_POOL, q))
@@ -335,7 +307,7 @@ class EpochPlan:
         ids = np.asarray(ids, dtype=np.int64)
         B, total = self.batch_size, self.total
         a, z = (ids * B) % total, (ids * B + B - 1) % total
-        if self.pools is not None:
+        if self.pools is not None and self.pool_items is not None:
             qa = np.searchsorted(self.pool_items, a, side="right") - 1
             qz = np.searchsorted(self.pool_items, z, side="right") - 1
             return self.pools[qa], self.pools[qz + 1] - 1
@@ -371,6 +343,7 @@ class EpochPlan:
     def _mixed_batch(self, b: int) -> BatchItems:
         """A batch of a mixed plan: its stream positions located through their pools' permuted chunks."""
         B, total = self.batch_size, self.total
+        assert self.pools is not None and self.pool_items is not None, "a mixed plan has pools"
         raw = b * B + np.arange(B, dtype=np.int64)
         is_pad = raw >= total
         pos = raw % total

@@ -27,7 +27,8 @@ def ragged_fields(batch: Mapping[str, Any]) -> list[str]:
 
 def _as_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):
-        return x.detach().cpu().numpy()
+        out: np.ndarray = x.detach().cpu().numpy()
+        return out
     return np.asarray(x)
 
 

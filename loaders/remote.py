@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar, cast
 
 from cachebuild.errors import RemoteError, ShardCorruptError
 from cachebuild.format.limits import MAX_MANIFEST_BYTES
@@ -40,7 +40,7 @@ _CHUNK = 4 << 20
 _TMP = ".part-"
 
 
-def is_remote(location: str | os.PathLike) -> bool:
+def is_remote(location: str | os.PathLike[str]) -> bool:
     """True for URLs the loader fetches (anything with a scheme other than file://)."""
     s = str(location)
     return "://" in s and not s.startswith("file://")
@@ -72,13 +72,13 @@ class RemoteOptions:
 
 def _open_url(url: str, opts: RemoteOptions) -> BinaryIO:
     if url.startswith(("http://", "https://")):
-        return urllib.request.urlopen(url, timeout=opts.timeout_s)  # noqa: S310 - user-given URL
+        return cast(BinaryIO, urllib.request.urlopen(url, timeout=opts.timeout_s))  # noqa: S310 - user-given URL
     import fsspec
 
-    return fsspec.open(url, "rb", **dict(opts.storage_options)).open()
+    return cast(BinaryIO, fsspec.open(url, "rb", **dict(opts.storage_options)).open())
 
 
-def _with_retries(url: str, opts: RemoteOptions, action):
+def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
     delay = 0.2
     for attempt in range(opts.retries + 1):
         try:
@@ -124,8 +124,8 @@ class LocalShardCache:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def _entries(self) -> list[os.stat_result | tuple]:
-        out = []
+    def _entries(self) -> list[tuple[Path, os.stat_result]]:
+        out: list[tuple[Path, os.stat_result]] = []
         for p in self.folder.iterdir():
             if p.name == ".lock":
                 continue
@@ -201,7 +201,7 @@ class ShardFetcher:
         self.opts = opts
         self.cache = LocalShardCache(opts.resolved_cache_dir(self.url), opts.cache_limit_bytes)
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: dict[str, Future] = {}
+        self._pending: dict[str, Future[tuple[Path, Path]]] = {}
         self._guard = threading.Lock()
         self._wanted: list[int] = []
         self._pos = 0
@@ -263,7 +263,7 @@ class ShardFetcher:
             names |= {e.name, e.index}
         return names
 
-    def _submit(self, i: int) -> Future:
+    def _submit(self, i: int) -> Future[tuple[Path, Path]]:
         name = self.manifest.shards[i].name
         with self._guard:
             fut = self._pending.get(name)
@@ -311,8 +311,8 @@ class ShardFetcher:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "manifest": self.manifest, "opts": self.opts}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["url"], state["manifest"], state["opts"])
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        ShardFetcher.__init__(self, state["url"], state["manifest"], state["opts"])

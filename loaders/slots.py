@@ -78,7 +78,7 @@ class SlotRings:
         self._next = [0] * workers
         self._flags: dict[tuple[int, int], np.ndarray] = {}
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_flags"] = {}
         return state
@@ -120,7 +120,7 @@ class SlotLease:
     def __init__(self, rings: SlotRings, worker: int, slot: int, armed: bool):
         self.rings, self.worker, self.slot, self.armed = rings, worker, slot, armed
 
-    def reduce(self, spec: Any) -> tuple:
+    def reduce(self, spec: Any) -> tuple[Any, ...]:
         return (_rebuild, (self.rings.token, self.worker, self.slot, spec))
 
     def release(self) -> None:

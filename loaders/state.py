@@ -54,7 +54,8 @@ class PlanConfig:
         """The JSON form compared on resume (seed is stored on its own)."""
         d = asdict(self)
         d.pop("seed")
-        return json.loads(json.dumps(d))
+        out: dict[str, Any] = json.loads(json.dumps(d))
+        return out
 
 
 def cache_fingerprint(manifest: Manifest) -> str:

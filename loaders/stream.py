@@ -341,7 +341,7 @@ class ShardStream(IterableDataset):
                 buf, arrays = self.layout.allocate(shared, slot)
                 self.view.assemble(shards, plan.batch(b), arrays)
             except BaseException:
-                if slot is not None:  # nothing was sent: the slot is free again
+                if slot is not None and rings is not None:  # nothing was sent: the slot is free again
                     rings.release(worker, slot[1].slot)
                 raise
             if closes is not None:

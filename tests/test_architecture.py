@@ -1,118 +1,178 @@
-"""The house rules a reviewer checks, read from the source (``ast``, nothing imported):
+"""The architecture, checked: module and function sizes, import directions, no import circles.
 
-* no module of ``cachebuild`` outside the CLI imports ``loaders`` (the builder never depends on the loader);
-* no import cycle among ``cachebuild`` modules (module-level imports: what runs at import time), and
-  none at all in ``cachebuild.format`` (counting imports inside functions too);
-* the reading side of the format (readers, checks, the loader) never imports the writer module;
-* the format's one reader: no other module opens a shard's tar with ``mmap``;
-* ``cachebuild.format`` and ``cachebuild.tools``: modules under 400 lines, functions under 60.
+Read with ``ast`` (nothing is imported): every ``.py`` under ``cachebuild/`` and
+``loaders/``. The rules (README "Development", docs/DECISIONS.md "The house"):
+
+* no module over 400 lines, no function (or method) over 60 lines;
+* nothing in ``cachebuild`` imports ``loaders``, except the CLI (``cachebuild/cli/``,
+  which imports it lazily inside ``cachebuild bench``);
+* no import circle among the modules of the two packages: neither through
+  module-level imports nor through imports inside functions, except the few
+  run-time edges named in :data:`KNOWN_LAZY_EDGES` with the reason each is there.
 """
 
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-CLI = {"cachebuild.cli", "cachebuild.bench_cli", "cachebuild.stage_cli", "cachebuild.build_cli"}
-PENDING = {"cachebuild.bench"}  # the loader benchmark; moves into loaders/ on the house branch (then drop this)
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("cachebuild", "loaders")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+KNOWN_LAZY_EDGES = {
+    ("cachebuild.builder.builder", "cachebuild"): "reads __version__ when it writes a manifest (the package's __init__ imports the builder)",
+    ("cachebuild.sources", "cachebuild.jobs"): "the mel kind's factory is the CLI job's source picker, imported when a mel recipe is built",
+}
+"""(importer, imported) edges of imports inside functions that close a circle, allowed for now."""
 
 
-def _name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+@lru_cache(maxsize=1)
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the two packages."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
 
 
-MODULES = {_name(p): p for pkg in ("cachebuild", "loaders") for p in sorted((ROOT / pkg).rglob("*.py"))}
-TREES = {m: ast.parse(p.read_text()) for m, p in MODULES.items()}
+@lru_cache(maxsize=None)
+def tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
 
 
-def _is_cli(module: str) -> bool:
-    return module in CLI or module.startswith("cachebuild.cli.")
-
-
-def _imports(module: str, top_level_only: bool) -> set[str]:
-    """Modules of the two packages that ``module`` imports (``from a import b`` counts ``a.b`` when it is a module)."""
-    nodes = TREES[module].body if top_level_only else ast.walk(TREES[module])
-    out: set[str] = set()
+def imported(name: str, path: Path, top_level_only: bool) -> set[str]:
+    """Modules of the two packages that module ``name`` imports (``from a import b`` -> ``a.b`` when that is a module)."""
+    mods = modules()
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    nodes = tree(path).body if top_level_only else list(ast.walk(tree(path)))
+    found = set()
     for node in nodes:
         if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
-    return {m for m in out if m in MODULES}
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                found.add(full if full in mods else base)
+    return {m for m in found if m in mods and m != name}
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
-    found: list[list[str]] = []
+    on: set[str] = set()
+    out = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
 
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
 
-    for v in graph:
-        if v not in index:
-            visit(v)
-    return found
+def test_the_checker_sees_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_builder_side_never_imports_the_loader():
-    wrong = sorted(
-        (m, dep)
-        for m in MODULES
-        if m.startswith("cachebuild") and not _is_cli(m) and m not in PENDING
-        for dep in _imports(m, top_level_only=False)
-        if dep == "loaders" or dep.startswith("loaders.")
-    )
-    assert not wrong, f"cachebuild modules importing loaders: {wrong}"
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_module_size(name):
+    lines = len(modules()[name].read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{modules()[name].relative_to(REPO)}: {lines} lines > {MAX_MODULE_LINES}: split it"
 
 
-def test_no_import_cycle_among_cachebuild_modules():
-    graph = {m: {d for d in _imports(m, top_level_only=True) if d.startswith("cachebuild")} for m in MODULES if m.startswith("cachebuild")}
-    assert not _cycles(graph)
-    fmt = {m: {d for d in _imports(m, top_level_only=False) if d.startswith("cachebuild.format")} for m in MODULES if m.startswith("cachebuild.format")}
-    assert not _cycles(fmt)
+def test_function_sizes():
+    long = []
+    for name, path in modules().items():
+        for node in ast.walk(tree(path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {n} lines")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_cachebuild_never_imports_loaders_outside_the_cli():
+    wrong = [f"{name} imports {dep}" for name, path in modules().items()
+             if name.startswith("cachebuild") and not name.startswith("cachebuild.cli")
+             for dep in imported(name, path, top_level_only=False) if dep.split(".")[0] == "loaders"]
+    assert not wrong, "the builder must not depend on the loader:\n" + "\n".join(wrong)
+
+
+def test_the_cli_imports_loaders_only_inside_commands():
+    wrong = [f"{name} imports {dep} at module level" for name, path in modules().items() if name.startswith("cachebuild.cli")
+             for dep in imported(name, path, top_level_only=True) if dep.split(".")[0] == "loaders"]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_circle_at_module_level():
+    graph = {m: imported(m, p, top_level_only=True) for m, p in modules().items()}
+    assert cycles(graph) == []
+
+
+def test_no_import_circle_through_imports_in_functions():
+    graph = {m: imported(m, p, top_level_only=False) for m, p in modules().items()}
+    for (a, b) in KNOWN_LAZY_EDGES:
+        assert b in graph[a], f"known edge {a} -> {b} is gone: drop it from KNOWN_LAZY_EDGES"
+        graph[a].discard(b)
+    assert cycles(graph) == []
+
+
+def test_no_import_circle_inside_the_format_even_through_functions():
+    fmt = {m: {d for d in imported(m, p, top_level_only=False) if d.startswith("cachebuild.format")}
+           for m, p in modules().items() if m.startswith("cachebuild.format")}
+    assert cycles(fmt) == []
 
 
 def test_the_reading_side_never_imports_the_writer():
-    readers = [m for m in MODULES if m.startswith("loaders") or m.startswith("cachebuild.tools")]
+    mods = modules()
+    readers = [m for m in mods if m.startswith(("loaders", "cachebuild.tools"))]
     readers += [f"cachebuild.format.{n}" for n in ("reader", "decode", "records", "index_check", "limits", "manifest", "names")]
-    wrong = sorted(m for m in readers if "cachebuild.format.shard_writer" in _imports(m, top_level_only=False))
+    wrong = sorted(m for m in readers if m in mods and "cachebuild.format.shard_writer" in imported(m, mods[m], top_level_only=False))
     assert not wrong
 
 
 def test_only_the_format_reader_maps_shards():
-    mapping = sorted(m for m, tree in TREES.items() if any(isinstance(n, ast.Attribute) and n.attr == "mmap" for n in ast.walk(tree)))
+    mapping = sorted(m for m, p in modules().items() if any(isinstance(n, ast.Attribute) and n.attr == "mmap" for n in ast.walk(tree(p))))
     assert mapping == ["cachebuild.format.reader"]
-
-
-@pytest.mark.parametrize("package", ["cachebuild.format", "cachebuild.tools"])
-def test_small_modules_and_functions(package):
-    for m, path in MODULES.items():
-        if m == package or m.startswith(package + "."):
-            assert len(path.read_text().splitlines()) < 400, f"{m} has 400 lines or more"
-            for node in ast.walk(TREES[m]):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    assert node.end_lineno - node.lineno + 1 < 60, f"{m}.{node.name} has 60 lines or more"

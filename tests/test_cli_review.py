@@ -92,6 +92,7 @@ def test_an_output_server_that_refuses_writes_gives_one_line(tmp_path):
                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     finally:
         server.shutdown()
+        server.server_close()
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert r.returncode == 5 and len(lines) == 1 and url in lines[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
 

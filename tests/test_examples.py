@@ -85,12 +85,19 @@ def test_train_mel_seconds_chains_epochs(mel_cache):
     assert d["steps"] > 2
 
 
-@pytest.mark.parametrize("path", sorted(p.name for p in (REPO / "benchmarks").glob("*.py")) + sorted(p.name for p in EXAMPLES.glob("*.py")))
+SCRIPTS = sorted(str(p.relative_to(REPO)) for p in [*(REPO / "benchmarks").glob("*.py"), *EXAMPLES.rglob("*.py")] if "__pycache__" not in p.parts)
+
+
+def test_every_script_is_smoke_tested():
+    assert "examples/sequences/train.py" in SCRIPTS and "examples/ssm/train.py" in SCRIPTS and "benchmarks/peers.py" in SCRIPTS
+
+
+@pytest.mark.parametrize("path", SCRIPTS)
 def test_scripts_import(path):
-    """Every benchmark and example imports (catches a script left behind by a refactor); peers of the bench extra may be absent."""
-    folder = REPO / ("benchmarks" if (REPO / "benchmarks" / path).exists() else "examples")
-    code = (f"import sys; sys.path[:0] = [{str(REPO / 'benchmarks')!r}, {str(EXAMPLES)!r}]; "
-            f"import importlib.util as u; s = u.spec_from_file_location({path[:-3]!r}, {str(folder / path)!r}); m = u.module_from_spec(s); "
+    """Every benchmark and example (sub-folders too) imports (catches a script left behind by a refactor); peers of the bench extra may be absent."""
+    file = REPO / path
+    code = (f"import sys; sys.path[:0] = [{str(file.parent)!r}, {str(REPO / 'benchmarks')!r}, {str(EXAMPLES)!r}]; "
+            f"import importlib.util as u; s = u.spec_from_file_location({file.stem!r}, {str(file)!r}); m = u.module_from_spec(s); "
             f"sys.modules[s.name] = m; s.loader.exec_module(m)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
                        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))

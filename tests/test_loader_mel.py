@@ -21,7 +21,7 @@ import loaders.views.mel  # noqa: F401  (registers "mel" and "mel_files")
 from cachebuild.format import read_manifest
 from loader_fixtures import Reference, batches_equal
 from loaders import ShardStream, make_loader
-from loaders.mel_eval import VoteAccumulator, file_confusion, file_level_accuracy, file_votes, leak_label_id, segment_file_votes
+from cachebuild.mel.voting import VoteAccumulator, file_confusion, file_level_accuracy, file_votes, leak_label_id, segment_file_votes
 
 F, L, S, M, T, W = 45, 40, 2, 64, 1, 512
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import loaders.views.mel  # noqa: F401  (registers "mel")
 from loader_fixtures import batches_equal, build_causal, build_mel_from_arrays
 from loaders import ShardStream
-from loaders.plan import EpochPlan, worker_batches
+from loaders.plan import EpochPlan
 from loaders.views.twins import auto_twin_chunk
 from loaders.pools import chunk_lengths, max_records_per_batch, pool_bounds, pool_table
 
@@ -74,7 +74,7 @@ def test_mixed_plan_every_item_once_equal_steps(counts, mix, chunk, batch, world
         return
     steps = {len(plan.rank_batches(world, r)) for r in range(world)}
     assert steps == {plan.steps(world)}
-    ids = [b for r in range(world) for w in range(workers) for b in worker_batches(plan.rank_batches(world, r), w, workers).tolist()]
+    ids = [b for r in range(world) for w in range(workers) for b in plan.rank_batches(world, r)[w::workers].tolist()]
     rows = _rows(plan, ids)
     real = [(r, i) for r, i, pad in rows if not pad]
     assert len(real) == len(set(real))
@@ -119,7 +119,7 @@ def test_resume_anywhere_onto_another_world(counts, per_max, batch, mix, chunk, 
     done = [b for r in range(world_before) for b in plan.rank_batches(world_before, r)[:steps_done].tolist()]
     position = steps_done * world_before  # what state_dict() stores: global batches consumed
     rest = [b for r in range(world_after) for w in range(workers)
-            for b in worker_batches(plan.rank_batches(world_after, r, position), w, workers).tolist()]
+            for b in plan.rank_batches(world_after, r, position)[w::workers].tolist()]
     assert len({len(plan.rank_batches(world_after, r, position)) for r in range(world_after)}) == 1
     real = [(r, i) for r, i, pad in _rows(plan, done + rest) if not pad]
     assert sorted(real) == sorted(_expected(per))  # nothing lost, nothing twice

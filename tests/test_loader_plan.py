@@ -9,13 +9,10 @@ from hypothesis import strategies as st
 
 from loaders.plan import (
     EpochPlan,
-    batch_positions,
     epoch_order,
-    locate_items,
     num_batches,
     rank_batches,
     steps_per_rank,
-    worker_batches,
 )
 from loaders.world import World
 
@@ -73,26 +70,6 @@ def test_ranks_get_equal_steps_and_cover_every_batch_once(total, batch, world, d
         assert (ids < T).all()
     else:
         assert np.array_equal(np.sort(real), np.arange(T))
-
-
-@pytest.mark.parametrize("n", [0, 1, 5, 11])
-@pytest.mark.parametrize("workers", [1, 2, 3])
-def test_workers_in_round_robin_rebuild_the_rank_sequence(n, workers):
-    ids = np.arange(n) * 3 + 1
-    parts = [worker_batches(ids, w, workers) for w in range(workers)]
-    merged = [parts[i % workers][i // workers] for i in range(n)]
-    assert merged == ids.tolist()
-
-
-def test_batch_positions_wrap_and_flag():
-    pos, pad = batch_positions(2, 4, 10)
-    assert pos.tolist() == [8, 9, 0, 1] and pad.tolist() == [False, False, True, True]
-
-
-def test_locate_items():
-    bounds = np.array([0, 3, 3, 5])
-    rec, item = locate_items(np.array([0, 2, 3, 4]), bounds)
-    assert rec.tolist() == [0, 0, 2, 2] and item.tolist() == [0, 2, 0, 1]
 
 
 def _epoch_items(plan: EpochPlan, world: int, start: int = 0) -> list[tuple[int, int, bool]]:
@@ -183,7 +160,7 @@ def test_plan_partition_properties(counts, per_max, batch, world, workers, drop_
     seen = []
     for r in range(world):
         rank_ids = plan.rank_batches(world, r)
-        parts = [worker_batches(rank_ids, w, workers) for w in range(workers)]
+        parts = [rank_ids[w::workers] for w in range(workers)]  # what ShardStream gives worker w
         assert sum(len(p) for p in parts) == len(rank_ids) == plan.steps(world)
         seen += [b for p in parts for b in p.tolist()]
     rows = [(int(rr), int(i)) for b in seen for rr, i, pad in zip(plan.batch(b).records, plan.batch(b).items, plan.batch(b).is_pad) if not pad]

@@ -417,6 +417,7 @@ def test_cli_prints_skipped_files_as_one_clean_warning_line(wav_root, tmp_path):
     assert "Warning:" not in r.stderr and ".py:" not in r.stderr
 
 
+@pytest.mark.filterwarnings("default:skipping bad audio file")  # the CLI prints it: that is what is tested
 def test_cli_warning_format_does_not_leak_into_the_library(wav_root, tmp_path):
     import warnings
 
@@ -448,6 +449,7 @@ def test_unsupported_audio_is_listed_as_skipped_never_silently_ignored(wav_root,
         WavFolderSource(wav_root, MelConfig(on_bad_file="error"))
 
 
+@pytest.mark.filterwarnings("default:skipping bad audio file")  # the CLI prints it: that is what is tested
 def test_cli_names_a_skipped_flac_on_one_line(wav_root, tmp_path):
     from click.testing import CliRunner
 

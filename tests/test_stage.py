@@ -19,7 +19,7 @@ import cachebuild.tools.stage as stage_mod
 from cachebuild.errors import ConfigError, ManifestError, OutputError, ShardCorruptError
 from cachebuild.format.manifest import MANIFEST_NAME, read_manifest
 from cachebuild.tools.stage import STAMP_NAME, default_dst, stage_cache, unstage_cache
-from cachebuild.stage_cli import stage_command, unstage_command
+from cachebuild.cli.stage import stage_command, unstage_command
 from cachebuild.tools.verify import verify_cache
 
 

@@ -25,7 +25,7 @@ from torch import nn
 
 import loaders.views.mel  # noqa: F401  (registers "mel" and "mel_files")
 from loaders import ShardStream
-from loaders.mel_eval import file_confusion, file_votes, leak_label_id
+from cachebuild.mel.voting import file_confusion, file_votes, leak_label_id
 
 pytestmark = pytest.mark.slow
 

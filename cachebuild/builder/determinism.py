@@ -36,7 +36,7 @@ def numpy_simd_features() -> list[str]:
         from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
     except ImportError:  # numpy < 2
         try:
-            from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+            from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__  # type: ignore[no-redef]
         except ImportError:
             return []
     return sorted(name for name in __cpu_dispatch__ if __cpu_features__.get(name))

@@ -118,7 +118,7 @@ class RemoteOutput:
         return {"location": self.location, "storage_options": self.storage_options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["location"], state["storage_options"])
+        type(self).__init__(self, state["location"], state["storage_options"])
 
     def _p(self, name: str) -> str:
         return f"{self.root}/{name}"

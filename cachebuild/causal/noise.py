@@ -114,7 +114,7 @@ def sample_noise(
     kind: str,
     shape: tuple[int, ...],
     cauchy_clip: float,
-    dtype: np.dtype = np.float32,
+    dtype: "np.dtype | type[np.floating]" = np.float32,
     convention: str = "unit_variance",
     scale: np.ndarray | float | None = None,
 ) -> np.ndarray:

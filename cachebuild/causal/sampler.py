@@ -162,7 +162,7 @@ def _values(
     """Intervention values c [g, K] (float32) and the per-graph scales (adaptive mode, else None)."""
     g, s, _ = base.shape
     k = targets.shape[1]
-    scales = None
+    scales: np.ndarray | None = None
     if ic.mode == "adaptive":
         gidx = np.arange(g)[:, None]
         if s > ic.sigma_ddof:
@@ -171,7 +171,7 @@ def _values(
             sigma = np.zeros((g, k))
         sigma[~(sigma >= ic.sigma_min)] = 1.0
         lo, hi = ic.value_scale
-        scales = rng.uniform(lo, hi, size=g) if lo < hi else np.full(g, lo)
+        scales = np.asarray(rng.uniform(lo, hi, size=g)) if lo < hi else np.full(g, lo)
         c = np.tile(np.asarray(ic.coeffs), n_targets) * sigma * scales[:, None]
     elif ic.mode == "fixed":
         c = np.broadcast_to(np.tile(np.asarray(ic.values), n_targets), (g, k))

@@ -78,7 +78,7 @@ def _add_parent_terms(x: np.ndarray, rows: np.ndarray, g: np.ndarray, j: int, p:
     ro, go, io = r_loc[order], ge[order], i_par[order]
     xp = x[rows[ro], :, p.perm[go, io]]  # [E, S], edges grouped by function
     _edge_terms(xp, f_e[order], p.w[go, io, j], mc)
-    terms = xp[np.argsort(order)] if nonlinear else xp  # back to (row, parent) order
+    terms = xp[np.argsort(order)] if nonlinear else xp  # type: ignore[arg-type]  # order is an array when nonlinear  # back to (row, parent) order
     counts = parents.sum(axis=1)
     starts = np.cumsum(counts) - counts
     if nonlinear:

@@ -232,7 +232,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     ends = np.append(starts[1:], n)
     for a, b in zip(starts.tolist(), ends.tolist()):
         size = int(offs[b - 1] + lens[b - 1])
-        addr = np.frombuffer(segs[a], np.uint8).ctypes.data  # type: ignore[call-overload]  # a BufferSegment is a buffer
+        addr = np.frombuffer(segs[a], np.uint8).ctypes.data  # a BufferSegment is a buffer
         buffers.append(np.asarray(_Memory(addr, size, out)))
     data_off = offs + lens - fr.nbytes
     stride_ok = np.ones(n, bool)

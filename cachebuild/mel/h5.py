@@ -107,6 +107,7 @@ class H5Source:
     def _use_stored(self, f: Any, params: FileParams) -> None:
         """Stored mels are copied: describe them with the file's parameters, check the shape."""
         self.cfg = stored_config(self.requested_cfg, params, self.path)
+        assert self._mel_ds is not None  # called only when the file stores mels
         check_mel_shape(self._mel_ds, tuple(f[self._mel_ds].shape), self._n, self.cfg,
                         params, self.path)
         diffs = config_differences(self.requested_cfg, self.cfg)

@@ -54,6 +54,7 @@ def segment(waves: np.ndarray, cfg: MelConfig) -> np.ndarray:
     if waves.shape[1] < cfg.clip_samples:
         raise ValueError(f"clips of {waves.shape[1]} samples are shorter than {cfg.clip_samples}")
     used = waves[:, : cfg.clip_samples]
+    assert cfg.num_long is not None  # MelConfig derives it in __post_init__
     return used.reshape(waves.shape[0], cfg.num_long, cfg.num_short, cfg.short_window)
 
 

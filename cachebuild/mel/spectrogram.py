@@ -144,7 +144,7 @@ class LogMel:
         k = x.shape[0]
         if cfg.center:  # torchaudio: reflect; librosa >= 0.10: constant (zeros)
             pad = cfg.n_fft // 2
-            x = np.pad(x, ((0, 0), (pad, pad)), mode=cfg.pad_mode)
+            x = np.pad(x, ((0, 0), (pad, pad)), mode=cfg.pad_mode)  # type: ignore[call-overload]  # pad_mode: "reflect" or "constant", checked by MelConfig
         frames = sliding_window_view(x, cfg.n_fft, axis=-1)[:, :: cfg.hop][:, : self.t]
         spec = np.fft.rfft(frames * self.window, axis=-1)  # float64 -> complex128 [k, t, bins]
         spec = spec.reshape(k * self.t, self.n_bins)

@@ -17,7 +17,7 @@ from loaders.views.graphs import GraphsView
 from loaders.views.records import RecordsView
 from loaders.views.twins import TwinsView, expand_compact
 
-__all__ = ["View", "VIEWS", "register_view", "make_view", "RecordsView", "GraphsView", "TwinsView", "expand_compact"]
+__all__ = ["View", "VIEWS", "register_view", "make_view", "available_views", "RecordsView", "GraphsView", "TwinsView", "expand_compact"]
 
 ViewFactory = Callable[..., View]
 
@@ -38,6 +38,17 @@ def register_view(name: str, factory: ViewFactory, replace: bool = False) -> Non
     if name in VIEWS and not replace and VIEWS[name] is not factory:
         raise ValueError(f"view {name!r} is already registered ({VIEWS[name]!r}); pass replace=True to override")
     VIEWS[name] = factory
+
+
+def available_views() -> list[str]:
+    """Every view name there is, sorted: the registered ones and those of modules that register
+    themselves when imported (imported here; one whose imports fail is left out)."""
+    for module in sorted(set(_LAZY_MODULES.values())):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+    return sorted(VIEWS)
 
 
 def make_view(name: str, manifest: Manifest, batch_size: int, **options: Any) -> View:

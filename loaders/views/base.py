@@ -54,6 +54,12 @@ class View:
         """Learn what the cache holds (from index shapes); return items per record (``None``: one each)."""
         return None
 
+    def decoded_fields(self) -> list[str]:
+        """The stored fields :meth:`assemble` decodes (what a benchmark counts as the payload read).
+
+        Default: every array field of the cache; views that read fewer say which."""
+        return [f.name for f in array_fields(self.manifest)]
+
     def reset(self) -> None:
         """Forget records kept decoded between batches (a view with a :class:`~loaders.views.store.RecordStore`)."""
         store = getattr(self, "store", None)

@@ -72,6 +72,9 @@ class GraphsView(View):
             names += [n for n in ("int", "base") if n not in names]
         return list(dict.fromkeys(names + ["adj", "targets"]))
 
+    def decoded_fields(self) -> list[str]:
+        return self._decoded()
+
     def layout(self) -> Layout:
         B = self.batch_size
         keys: dict[str, Field] = {}

@@ -39,7 +39,7 @@ defaults are 40 x 2 x 64 x 1, float16) and ``label`` (int16, 0-d).
 
         x = batch["mel"].reshape(-1, 1, M, T)              # [F*L*S, 1, M, T]
         logits = model(x).reshape(F, L, S)                  # one call
-        frac, leak = file_votes(logits, long_mask=batch["long_mask"])   # loaders.mel_eval
+        frac, leak = file_votes(logits, long_mask=batch["long_mask"])   # cachebuild.mel.voting
 
     (Why dense rather than flattened segments plus offsets: every file of a
     mel cache has the same ``L`` and ``S``, so the flat model input is a free
@@ -102,6 +102,9 @@ class _MelBase(View):
         self.varying = bool(schema.varying_axes)
         self.wave_len = int(manifest.schema("waveform").max_shape[-1]) if waveform else 0
         self._decode = ["mel", "label"] + (["waveform"] if waveform else [])
+
+    def decoded_fields(self) -> list[str]:
+        return list(self._decode)
 
     def options(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "waveform": self.waveform}

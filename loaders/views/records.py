@@ -56,6 +56,9 @@ class RecordsView(View):
     def options(self) -> dict[str, Any]:
         return {"fields": [f.name for f in self.schemas], "masks": self.masks}
 
+    def decoded_fields(self) -> list[str]:
+        return [f.name for f in self.schemas]
+
     def layout(self) -> Layout:
         B = self.batch_size
         keys: dict[str, Field] = {}

@@ -105,7 +105,7 @@ class RecordStore:
                 continue
             r = free.pop(0)
             lo, hi = r * self.size, (r + 1) * self.size
-            if self.held[r] != -1 or self.done[lo:hi].any():
+            if (self.held[r] != -1 or self.done[lo:hi].any()) and self.arrays is not None:
                 for name, arr in self.arrays.items():
                     if self.fields[name].zero:
                         arr[lo:hi] = 0

@@ -150,6 +150,9 @@ class TwinsView(View):
     def options(self) -> dict[str, Any]:
         return {"compact": self.compact, "delta": self.delta, "mix": self.mix, "chunk": self.chunk}
 
+    def decoded_fields(self) -> list[str]:
+        return list(self._decode)
+
     def bind(self, shapes: ShapesFn) -> np.ndarray:
         ints = shapes("int")
         if len(ints) and (ints[:, 1] != self.s).any():
@@ -209,7 +212,7 @@ class TwinsView(View):
         S, K, N, B = self.s, self.k_max, self.n_max, self.batch_size
         uniq, inv = items.unique, items.slot
         G = len(uniq)
-        if G > self.g_max:
+        if self.g_max is None or G > self.g_max:
             raise RuntimeError(f"batch {items.index} spans {G} graphs, more than the planned {self.g_max}")
         graphs, where = self.store.rows(shards, items)
         row = where[inv]  # each batch row's graph in the decoded arrays

@@ -1,89 +1,18 @@
-"""The ``cachebuild`` command line: parses, calls one library function, prints a summary."""
+"""``cachebuild generate``, ``cachebuild mel`` and ``cachebuild build``: thin commands over the builders."""
 
 from __future__ import annotations
 
-import functools
-import sys
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from cachebuild import __version__
+from cachebuild.builder.backends import BACKENDS
 from cachebuild.causal.config import FAMILIES, MECHANISMS, NOISE_CHOICES
-from cachebuild.errors import CacheBuildError, ConfigError
+from cachebuild.cli.errors import friendly
+from cachebuild.errors import ConfigError
 
-__all__ = ["main"]
-
-
-def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn cachebuild's own errors into one 'error: ...' line and their exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except CacheBuildError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("interrupted: rerun the same command to resume", err=True)
-            sys.exit(130)
-
-    return wrapper
-
-
-def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: str | None = None) -> None:
-    """Print a warning as ``warning: <message>`` on stderr: no source file, line number or code line."""
-    click.echo("warning: " + " ".join(str(message).split()), err=True)
-
-
-def _install_one_line_warnings(ctx: click.Context) -> None:
-    """One-line warnings for the command's duration only (library users keep Python's format)."""
-    ctx.with_resource(warnings.catch_warnings())
-    warnings.showwarning = _one_line_warning
-
-
-class _Group(click.Group):
-    """The CLI's group: a usage error (unknown flag, bad flag value) is one ``error:`` line, like every
-    other error, with a pointer to ``--help`` instead of click's three-line usage block."""
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("standalone_mode", True) is False:
-            return super().main(*args, **kwargs)
-        try:
-            rv = super().main(*args, **{**kwargs, "standalone_mode": False})
-        except click.UsageError as exc:
-            if type(exc).__name__ == "NoArgsIsHelpError":  # plain `cachebuild`: the help itself
-                click.echo(exc.format_message(), err=True)
-                sys.exit(exc.exit_code)
-            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
-            click.echo(f"error: {exc.format_message()}{where}", err=True)
-            sys.exit(exc.exit_code)
-        except click.ClickException as exc:
-            click.echo(f"error: {exc.format_message()}", err=True)
-            sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(1)
-        sys.exit(rv if isinstance(rv, int) else 0)
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="cachebuild")
-@click.pass_context
-def main(ctx: click.Context) -> None:
-    """Pre-generate training data into zstd-compressed tar shards, offline and in parallel,
-    and check, inspect or benchmark the caches.
-
-    \b
-    Quick start:
-      cachebuild generate --graphs 100000          # causal graphs -> cache/causal
-      cachebuild verify cache/causal               # checksums + decode every record
-      cachebuild inspect cache/causal              # sizes, schemas, one record
-    """
-    _install_one_line_warnings(ctx)
+__all__ = ["generate_command", "mel_command", "build_command"]
 
 
 def _workers_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -98,7 +27,7 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
         raise ConfigError(f"--address {address} is a cluster address: add --backend ray (or dask) (the backend is {backend})")
 
 
-@main.command()
+@click.command("generate")
 @click.option("--graphs", "-n", type=int, default=None, help="Number of graphs (records) to build [default: recipe's 'graphs', else 10000].")
 @click.option("--out", "-o", type=str, default="cache/causal", show_default=True, help="Cache folder (created) or fsspec URL (s3://bucket/prefix, file:///path).")
 @click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None, help="TOML recipe (see configs/); flags override it. Default: the built-in defaults, equal to configs/causal-users-2026-01-15.toml (the users' newest generator).")
@@ -121,8 +50,8 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.option("--address", type=str, default=None, help="Ray cluster address (with --backend ray; default: a local Ray).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@_friendly
-def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, family, n_min, n_max, edge_prob, mechanism, noise, samples, twin, overrides, backend, scheduler, address, overwrite, quiet) -> None:
+@friendly
+def generate_command(graphs, out, config_path, seed, workers, codec, level, shard_mb, family, n_min, n_max, edge_prob, mechanism, noise, samples, twin, overrides, backend, scheduler, address, overwrite, quiet) -> None:
     """Build a cache of random causal graphs with observational, interventional and
     twin-world samples.
 
@@ -151,7 +80,7 @@ def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, fa
         click.echo(line)
 
 
-@main.command()
+@click.command("mel")
 @click.option("--from-h5", "from_h5", type=click.Path(path_type=Path, dir_okay=False), default=None, help="HDF5 file in the users' layout (labels, segments_mel and/or segments_waveform, label2id_json).")
 @click.option("--from-wav", "from_wav", type=click.Path(path_type=Path, file_okay=False), default=None, help="Folder of WAV files in label subfolders (LEAK/, NOLEAK/, ...); .flac/.ogg/.mp3 too when soundfile is installed.")
 @click.option("--synthetic", type=int, default=None, metavar="N", help="N synthetic leak / no-leak clips (try the pipeline with no data).")
@@ -168,8 +97,8 @@ def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, fa
 @click.option("--scheduler", "--address", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@_friendly
-def mel(from_h5, from_wav, synthetic, out, config_path, seed, workers, codec, level, shard_mb, h5_datasets, overrides, backend, address, overwrite, quiet) -> None:
+@friendly
+def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, codec, level, shard_mb, h5_datasets, overrides, backend, address, overwrite, quiet) -> None:
     """Build a cache of log-mel segments, one record per audio file.
 
     Exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N. Each
@@ -192,52 +121,32 @@ def mel(from_h5, from_wav, synthetic, out, config_path, seed, workers, codec, le
         click.echo(line)
 
 
-@main.command()
-@click.argument("cache", type=click.Path(path_type=Path))
-@click.option("--no-decode", is_flag=True, help="Only check sizes and checksums, do not decode every record.")
+
+@click.command("build")
+@click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), required=True, help="TOML recipe; its 'kind' picks the source: causal (default), mel, or module:attribute for your own.")
+@click.option("--out", "-o", type=str, required=True, help="Cache folder (created) or fsspec URL.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set params.length=128 (repeatable).")
+@click.option("--records", "-n", type=click.IntRange(min=1), default=None, help="Number of records [default: the recipe's count key: graphs, records].")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Base seed [default: the recipe's, else 0].")
+@click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel worker processes (default: all cores).")
+@click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help="joblib backend that runs the shards.")
+@click.option("--address", "--scheduler", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
+@click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@_friendly
-def verify(cache: Path, no_decode: bool, quiet: bool) -> None:
-    """Check every shard's checksum and decode every record of CACHE.
+@friendly
+def build_command(config_path: Path, out: str, overrides: tuple[str, ...], records: int | None, seed: int | None, workers: int | None, backend: str, address: str | None, overwrite: bool, quiet: bool) -> None:
+    """Build the cache a TOML recipe describes, whatever its kind.
 
-    Prints each fault (shard, record, field) and exits with status 3 if any.
+    \b
+    kind = "causal"            random causal graphs (same as `cachebuild generate`)
+    kind = "mel"               log-mel segments; needs [source] h5 = FILE | wav = DIR | synthetic = N
+    kind = "mymod:make"        your own source: a RecordSource, or a factory called with [params]
+
+    Parallel, deterministic (byte-identical shards for any --workers or backend)
+    and resumable: rerun the same command after an interruption to finish it.
     """
-    from cachebuild.tools.verify import verify_cache
+    from cachebuild.api import build_recipe
 
-    report = verify_cache(cache, decode=not no_decode, progress=not quiet)
-    for fault in report.faults:
-        click.echo(f"FAULT {fault}", err=True)
-    if not report.ok:
-        click.echo(f"error: {len(report.faults)} fault(s) in {cache}", err=True)
-        sys.exit(3)
-    what = f"{report.records} records decoded" if not no_decode else "checksums only"
-    click.echo(f"ok: {cache}: {report.shards} shard{'' if report.shards == 1 else 's'} verified, {what}")
-
-
-@main.command()
-@click.argument("cache", type=click.Path(path_type=Path))
-@click.option("--record", type=int, default=0, show_default=True, help="Which record to summarise.")
-@_friendly
-def inspect(cache: Path, record: int) -> None:
-    """Print counts, sizes, compression ratio, the recipe, field schemas and one record of CACHE."""
-    from cachebuild.tools.inspect import inspect_cache
-
-    for line in inspect_cache(cache, record):
+    summary, unit = build_recipe(config_path, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=not quiet)
+    for line in summary.lines(unit):
         click.echo(line)
-
-
-def _register_extra_commands() -> None:
-    from cachebuild.bench_cli import bench_command
-    from cachebuild.build_cli import build_command
-    from cachebuild.stage_cli import stage_command, unstage_command
-
-    main.add_command(stage_command)
-    main.add_command(unstage_command)
-    main.add_command(bench_command)
-    main.add_command(build_command)
-
-
-_register_extra_commands()
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

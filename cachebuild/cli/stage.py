@@ -1,10 +1,4 @@
-"""``cachebuild stage`` and ``cachebuild unstage``: thin click commands over :mod:`cachebuild.tools.stage`.
-
-Registered on the main group with ``main.add_command(stage_command)`` and
-``main.add_command(unstage_command)``. Errors go through the CLI's one-line
-error handler (imported when a command runs, so importing this module from
-``cachebuild.cli`` creates no import cycle).
-"""
+"""``cachebuild stage`` and ``cachebuild unstage``: thin click commands over :mod:`cachebuild.tools.stage`."""
 
 from __future__ import annotations
 
@@ -12,14 +6,9 @@ from pathlib import Path
 
 import click
 
+from cachebuild.cli.errors import friendly
+
 __all__ = ["stage_command", "unstage_command"]
-
-
-def _run_friendly(fn, *args, **kwargs):
-    """Call ``fn`` through ``cachebuild.cli._friendly``: one 'error: ...' line and the error's exit code."""
-    from cachebuild.cli import _friendly
-
-    return _friendly(fn)(*args, **kwargs)
 
 
 @click.command("stage")
@@ -28,6 +17,7 @@ def _run_friendly(fn, *args, **kwargs):
 @click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel copy+verify threads [default: min(4, cores)].")
 @click.option("--rehash", is_flag=True, help="Re-hash files already staged instead of trusting their size+mtime stamp.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@friendly
 def stage_command(src: Path, dst: Path | None, workers: int | None, rehash: bool, quiet: bool) -> None:
     """Copy the cache SRC into RAM (DST, default /dev/shm/cachebuild/<name of SRC>) and verify it.
 
@@ -43,22 +33,17 @@ def stage_command(src: Path, dst: Path | None, workers: int | None, rehash: bool
     """
     from cachebuild.tools.stage import stage_cache
 
-    def run() -> None:
-        result = stage_cache(src, dst, progress=not quiet, workers=workers, rehash=rehash)
-        for line in result.lines():
-            click.echo(line)
-
-    _run_friendly(run)
+    result = stage_cache(src, dst, progress=not quiet, workers=workers, rehash=rehash)
+    for line in result.lines():
+        click.echo(line)
 
 
 @click.command("unstage")
 @click.argument("dst", type=click.Path(path_type=Path))
+@friendly
 def unstage_command(dst: Path) -> None:
     """Remove a cache staged by `cachebuild stage` from DST (refuses any other folder)."""
     from cachebuild.tools.stage import unstage_cache
 
-    def run() -> None:
-        for line in unstage_cache(dst).lines():
-            click.echo(line)
-
-    _run_friendly(run)
+    for line in unstage_cache(dst).lines():
+        click.echo(line)

@@ -1,8 +1,7 @@
-"""``cachebuild bench``: a thin click command over :func:`cachebuild.bench.run_bench`.
+"""``cachebuild bench``: a thin click command over :func:`loaders.bench.run_bench`.
 
-Registered on the main group with ``main.add_command(bench_command)``. Errors
-go through the CLI's one-line error handler (imported when the command runs,
-so importing this module from ``cachebuild.cli`` creates no import cycle).
+The only command that uses the loader: :mod:`loaders` is imported when it runs,
+so the rest of the CLI (and the builder) never imports it.
 """
 
 from __future__ import annotations
@@ -10,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+
+from cachebuild.cli.errors import friendly
 
 __all__ = ["bench_command"]
 
@@ -30,8 +31,10 @@ _VIEWS = "graphs, twins (causal), mel, mel_files (mel), records (any)"
 @click.option("--sample", type=click.IntRange(min=1), default=8, show_default=True, help="Batches timed stage by stage (read, decompress, assemble, pin, copy).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Shuffle seed of the loader.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Also draw the wait per step and the throughput over steps to this PNG (needs matplotlib).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: cachebuild.bench module docstring) instead of the table.")
-def bench_command(cache, view, batch_size, workers, seconds, batches, step_ms, consumer, device, compare, sample, seed, plot, as_json) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: the loaders.bench module docstring) instead of the table.")
+@friendly
+def bench_command(cache: Path, view: str | None, batch_size: int | None, workers: int, seconds: float | None, batches: int | None,
+                  step_ms: float, consumer: str | None, device: str, compare: bool, sample: int, seed: int, plot: Path | None, as_json: bool) -> None:
     """Drain CACHE through the loader and report records/s, samples/s, payload MB/s,
     time to first batch, the consumer's wait fraction and per-stage times.
 
@@ -42,19 +45,14 @@ def bench_command(cache, view, batch_size, workers, seconds, batches, step_ms, c
       cachebuild bench cache/mel --compare --json            # + plain WebDataset, as JSON
       cachebuild bench cache/causal --plot stalls.png        # + wait and throughput over steps
     """
-    from cachebuild.cli import _friendly
+    from loaders.bench import format_table, run_bench
 
-    def run() -> None:
-        from cachebuild.bench import format_table, run_bench
-
-        result = run_bench(cache, view=view, batch_size=batch_size, workers=workers, seconds=seconds, batches=batches,
-                           step_ms=step_ms, consumer=consumer, device=device, compare=compare, sample=sample, seed=seed, plot=plot)
-        if as_json:
-            click.echo(result.to_json())
-        else:
-            for line in format_table(result):
-                click.echo(line)
-            if plot is not None:
-                click.echo(f"plot: {plot}")
-
-    _friendly(run)()
+    result = run_bench(cache, view=view, batch_size=batch_size, workers=workers, seconds=seconds, batches=batches,
+                       step_ms=step_ms, consumer=consumer, device=device, compare=compare, sample=sample, seed=seed, plot=plot)
+    if as_json:
+        click.echo(result.to_json())
+    else:
+        for line in format_table(result):
+            click.echo(line)
+        if plot is not None:
+            click.echo(f"plot: {plot}")

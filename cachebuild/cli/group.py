@@ -1,0 +1,68 @@
+"""The ``cachebuild`` click group: usage errors as one line, warnings as one line.
+
+Commands live in their own modules (:mod:`cachebuild.cli.build`,
+:mod:`~cachebuild.cli.check`, :mod:`~cachebuild.cli.stage`,
+:mod:`~cachebuild.cli.bench`) and never import this one;
+:mod:`cachebuild.cli` adds them to :data:`main`.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any, TextIO
+
+import click
+
+from cachebuild import __version__
+from cachebuild.cli.errors import fail
+
+__all__ = ["Group", "main"]
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None, line: str | None = None) -> None:
+    """Print a warning as ``warning: <message>`` on stderr: no source file, line number or code line."""
+    click.echo("warning: " + " ".join(str(message).split()), err=True)
+
+
+def _install_one_line_warnings(ctx: click.Context) -> None:
+    """One-line warnings for the command's duration only (library users keep Python's format)."""
+    ctx.with_resource(warnings.catch_warnings())
+    warnings.showwarning = _one_line_warning
+
+
+class Group(click.Group):
+    """The CLI's group: a usage error (unknown flag, bad flag value) is one ``error:`` line, like every
+    other error, with a pointer to ``--help`` instead of click's three-line usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("standalone_mode", True) is False:
+            return super().main(*args, **kwargs)
+        try:
+            rv = super().main(*args, **{**kwargs, "standalone_mode": False})
+        except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # plain `cachebuild`: the help itself
+                fail(exc.format_message(), exc.exit_code)
+            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+            fail(f"error: {exc.format_message()}{where}", exc.exit_code)
+        except click.ClickException as exc:
+            fail(f"error: {exc.format_message()}", exc.exit_code)
+        except click.exceptions.Abort:
+            fail("aborted", 1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="cachebuild")
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """Pre-generate training data into zstd-compressed tar shards, offline and in parallel,
+    and check, inspect or benchmark the caches.
+
+    \b
+    Quick start:
+      cachebuild generate --graphs 100000          # causal graphs -> cache/causal
+      cachebuild verify cache/causal               # checksums + decode every record
+      cachebuild inspect cache/causal              # sizes, schemas, one record
+    """
+    _install_one_line_warnings(ctx)
