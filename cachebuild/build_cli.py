@@ -21,8 +21,10 @@ __all__ = ["build_command"]
 @click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help="joblib backend that runs the shards.")
 @click.option("--address", "--scheduler", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
+@click.option("--append", is_flag=True, help="Add --records fresh records to the cache at --out as its next generation (same recipe, checked).")
+@click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def build_command(config_path: Path, out: str, overrides: tuple[str, ...], records: int | None, seed: int | None, workers: int | None, backend: str, address: str | None, overwrite: bool, quiet: bool) -> None:
+def build_command(config_path: Path, out: str, overrides: tuple[str, ...], records: int | None, seed: int | None, workers: int | None, backend: str, address: str | None, overwrite: bool, append: bool, keep: int | None, quiet: bool) -> None:
     """Build the cache a TOML recipe describes, whatever its kind.
 
     \b
@@ -37,7 +39,7 @@ def build_command(config_path: Path, out: str, overrides: tuple[str, ...], recor
     from cachebuild.cli import _friendly
 
     def run() -> None:
-        summary, unit = build_recipe(config_path, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=not quiet)
+        summary, unit = build_recipe(config_path, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=not quiet, append=append, keep=keep)
         for line in summary.lines(unit):
             click.echo(line)
 

@@ -120,9 +120,11 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.option("--scheduler", type=str, default=None, help="Dask scheduler address (with --backend dask; default: a local cluster).")
 @click.option("--address", type=str, default=None, help="Ray cluster address (with --backend ray; default: a local Ray).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
+@click.option("--append", is_flag=True, help="Add --graphs fresh graphs to the cache at --out as its next generation (same recipe, checked; see docs/growing-caches.md).")
+@click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_friendly
-def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, family, n_min, n_max, edge_prob, mechanism, noise, samples, twin, overrides, backend, scheduler, address, overwrite, quiet) -> None:
+def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, family, n_min, n_max, edge_prob, mechanism, noise, samples, twin, overrides, backend, scheduler, address, overwrite, append, keep, quiet) -> None:
     """Build a cache of random causal graphs with observational, interventional and
     twin-world samples.
 
@@ -146,7 +148,7 @@ def generate(graphs, out, config_path, seed, workers, codec, level, shard_mb, fa
     }
     if samples is not None:
         values["samples.per_intervention"] = samples
-    summary = run_causal_build(config_path, overrides, values, out, workers, backend, scheduler or address, overwrite, not quiet)
+    summary = run_causal_build(config_path, overrides, values, out, workers, backend, scheduler or address, overwrite, not quiet, append, keep)
     for line in summary.lines("graphs"):
         click.echo(line)
 
@@ -229,12 +231,14 @@ def inspect(cache: Path, record: int) -> None:
 def _register_extra_commands() -> None:
     from cachebuild.bench_cli import bench_command
     from cachebuild.build_cli import build_command
+    from cachebuild.prune_cli import prune_command
     from cachebuild.stage_cli import stage_command, unstage_command
 
     main.add_command(stage_command)
     main.add_command(unstage_command)
     main.add_command(bench_command)
     main.add_command(build_command)
+    main.add_command(prune_command)
 
 
 _register_extra_commands()

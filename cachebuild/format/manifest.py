@@ -22,6 +22,7 @@ from cachebuild.format.limits import MAX_MANIFEST_BYTES, check_manifest, load_js
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "read_manifest", "write_manifest"]
 
 FORMAT_VERSION = 1
+READ_VERSIONS = (1, 2)  # 2: a grown cache (generation >= 1, see cachebuild.format.generations)
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "cachebuild-shards"
 
@@ -128,8 +129,8 @@ class Manifest:
         doc = load_json_bounded(raw, where, ManifestError, MAX_MANIFEST_BYTES)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ManifestError(f"{where}: not a cachebuild manifest (format={doc.get('format') if isinstance(doc, dict) else None!r})")
-        if doc.get("version") != FORMAT_VERSION:
-            raise ManifestError(f"{where}: format version {doc.get('version')!r} is not supported (this cachebuild reads {FORMAT_VERSION})")
+        if doc.get("version") not in READ_VERSIONS:
+            raise ManifestError(f"{where}: format version {doc.get('version')!r} is not supported (this cachebuild reads {', '.join(map(str, READ_VERSIONS))})")
         try:
             fields = tuple(
                 FieldSchema(name, f["dtype"], f["ndim"], tuple(f["max_shape"]), tuple(f["min_shape"]))
