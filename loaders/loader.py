@@ -73,7 +73,7 @@ class StreamLoader(DataLoader):
         if self._ahead is not None:  # a pass left unfinished: its thread must let go of the workers first
             self._ahead.close()
             self._ahead = None
-        driven.begin_pass()
+        self.stream.begin_pass()  # the stream the trainer holds: its generation (and state) follow the pass
         self._lookahead = 0
         return self._deliver(super().__iter__())
 
