@@ -25,7 +25,9 @@ follows:
 
 Who decides: the main process, when a pass starts (direct iteration and
 :func:`loaders.make_loader`, which hands the generation to its workers with
-the epoch). Workers of other DataLoaders (plain torch, torchdata) read the
+the epoch); under ``torch.distributed``, rank 0's main process, for every
+rank (one broadcast at each epoch start, so ranks never plan different
+generations: a DDP hang). Workers of other DataLoaders (plain torch, torchdata) read the
 generation the main process last instructed (at construction, ``set_epoch``
 and ``load_state_dict``): with those loaders a new generation is picked up at
 the epochs started by ``set_epoch``.
@@ -138,12 +140,41 @@ def _swap(stream: "ShardStream", generation: int, manifest: Manifest, view: Any,
         old_lease.close()  # after the new one is held: never a moment without a lease
 
 
+def _distributed(stream: "ShardStream") -> Any:
+    """``torch.distributed`` when it gives this stream its world (initialised, 2+ ranks, no explicit world), else None."""
+    if stream._rank is not None and stream._world_size is not None:
+        return None
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    return dist
+
+
 def refresh(stream: "ShardStream") -> int:
-    """At the start of an epoch: move ``stream`` to the newest generation if it can; returns the generation read."""
+    """At the start of an epoch: move ``stream`` to the newest generation if it can; returns the generation read.
+
+    Under ``torch.distributed`` every rank reads the generation rank 0 found
+    (one ``broadcast_object_list``; rank 0 holds its lease first), so all ranks
+    plan the same epoch: every rank must start the epoch, as DDP does.
+    """
     if stream.remote is not None:
         return stream.generation
-    newest = generation_of(read_manifest(stream.root))
+    dist = _distributed(stream)
+    newest, opened = stream.generation, None
+    if dist is None or dist.get_rank() == 0:
+        newest = generation_of(read_manifest(stream.root))
+        if newest != stream.generation and newest not in stream._warned_generations:
+            opened = open_newest(stream.root)
+            newest = generation_of(opened[0])
+    if dist is not None:
+        box = [newest]
+        dist.broadcast_object_list(box, src=0)
+        newest = int(box[0])
     if newest != stream.generation and newest not in stream._warned_generations:
-        opened = open_newest(stream.root)
-        use_generation(stream, generation_of(opened[0]), strict=False, opened=opened)
+        use_generation(stream, newest, strict=False, opened=opened)
+    elif opened is not None:
+        opened[1].close()
     return stream.generation

@@ -67,7 +67,6 @@ class StreamLoader(DataLoader):
             register(driven.slot_rings, self)
 
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
-        driven: ShardStream = self.dataset  # type: ignore[assignment]
         if self.num_workers > 0 and not self.persistent_workers:
             self._new_slots()
         if self._ahead is not None:  # a pass left unfinished: its thread must let go of the workers first

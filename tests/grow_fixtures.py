@@ -61,3 +61,43 @@ def folder_bytes(root: Path) -> dict[str, str]:
 def shard_files(root: Path) -> dict[str, str]:
     """The tar and index files of a cache (name -> sha256)."""
     return {k: v for k, v in folder_bytes(root).items() if k.startswith("shard-") and not k.endswith(".done.json")}
+
+
+def ddp_grow_rank(rank: int, world: int, port: int, root: str, out_dir: str) -> None:
+    """One gloo rank reading a cache that rank 1 grows just before an epoch (rank 0 may have looked already).
+
+    Writes ``out_dir/rank{r}.json``: per epoch, the generation read and the ``ident`` of every real row.
+    """
+    import datetime
+    import json
+    import time
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    from cachebuild import build
+    from loaders import ShardStream, make_loader
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    result: dict = {"epochs": []}
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+        loader = make_loader(ShardStream(root, view="records", batch_size=16, seed=1), num_workers=0)
+        for epoch in range(3):
+            if rank == 1 and epoch == 1:
+                time.sleep(1.0)  # rank 0 has (most likely) read the manifest and waits in the broadcast
+                build(toy_source(), root, records=40, seed=5, shard_mb=0.02, progress=False, workers=1, append=True)
+            ids, generation = [], None
+            for batch in loader:
+                generation = loader.state_dict()["generation"] if generation is None else generation
+                ids += batch["ident"][~batch["is_pad"]].tolist()
+                dist.all_reduce(torch.ones(1))  # a rank with fewer steps would hang here
+            result["epochs"].append({"generation": generation, "ids": ids})
+        dist.barrier()
+    except Exception:
+        result["error"] = traceback.format_exc()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))

@@ -205,3 +205,24 @@ def test_a_loader_reads_while_a_builder_appends(tmp_path: Path) -> None:
     assert finished == 0
     assert len(set(seen)) >= 3, f"the loader saw generations {sorted(set(seen))} only"
     assert np.all(np.diff(seen) >= 0)
+
+
+@pytest.mark.dist
+def test_ddp_ranks_agree_on_the_generation_of_each_epoch(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    from grow_fixtures import ddp_grow_rank
+    from loader_fixtures import free_port
+
+    root = tmp_path / "c"
+    _toy(root, records=120)
+    mp.spawn(ddp_grow_rank, args=(2, free_port(), str(root), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        assert "error" not in r, r.get("error")
+    for e in range(3):
+        gens = {r["epochs"][e]["generation"] for r in ranks}
+        assert len(gens) == 1, f"epoch {e}: ranks read generations {gens}"
+        total = 120 if gens == {0} else 160
+        assert sorted(ranks[0]["epochs"][e]["ids"] + ranks[1]["epochs"][e]["ids"]) == list(range(total))
+    assert ranks[0]["epochs"][0]["generation"] == 0 and ranks[0]["epochs"][2]["generation"] == 1
