@@ -192,6 +192,38 @@ def test_an_interrupted_append_resumes_or_is_discarded(tmp_path: Path) -> None:
     assert shard_files(other) == shard_files(ref)
 
 
+def test_a_sigkilled_append_resumes_to_the_same_bytes(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from grow_fixtures import REPO
+
+    recipe = toy_recipe(tmp_path)
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    cli("build", "--config", str(recipe), "--out", str(clean), "-q")
+    shutil.copytree(clean, killed)
+    before = set(killed.glob("*.done.json"))
+    committed = (killed / "manifest.json").read_bytes()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    args = ["build", "--config", str(recipe), "-q", "-j", "1", "--append", "--records", "8000"]
+    proc = subprocess.Popen([sys.executable, "-m", "cachebuild.cli", *args, "--out", str(killed)], env=env, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and len(set(killed.glob("*.done.json")) - before) < 2:
+        time.sleep(0.01)
+    assert proc.poll() is None, f"the append ended before it could be killed (rc {proc.returncode})"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (killed / "manifest.json").read_bytes() == committed, "a killed append changed what readers see"
+    out = cli(*args, "--out", str(killed)).stdout
+    assert "already done" in out and " 0 already done" not in out, out
+    cli(*args, "--out", str(clean))
+    assert shard_files(killed) == shard_files(clean)
+    assert (killed / "manifest.json").read_bytes() == (clean / "manifest.json").read_bytes()
+
+
 def test_prune_discards_an_unfinished_append(tmp_path: Path) -> None:
     root = tmp_path / "c"
     _toy(root)

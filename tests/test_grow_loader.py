@@ -85,7 +85,7 @@ def test_plain_dataloader_picks_up_a_generation_at_set_epoch(tmp_path: Path) -> 
     stream = _stream(root)
     loader = DataLoader(stream, batch_size=None, num_workers=2, persistent_workers=True)
     stream.set_epoch(0)
-    assert sorted(_idents(list(loader))) == list(range(200))
+    assert sorted(_idents([b for b in loader])) == list(range(200))
     _toy(root, records=120, append=True)
     stream.set_epoch(1)
     it = iter(loader)
