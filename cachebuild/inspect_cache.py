@@ -45,10 +45,14 @@ def generation_lines(m: Manifest, root: Path) -> list[str]:
     from cachebuild.builder.generation_manifest import generation_table
     from cachebuild.format.generations import GENERATIONS_DIR, generation_of
 
-    table = generation_table(m)
-    listed = ", ".join(f"{g['generation']} ({g['records']})" for g in table)
+    try:
+        table = generation_table(m)
+        listed = ", ".join(f"{int(g['generation'])} ({int(g['records'])})" for g in table)
+        oldest = int(table[0]["generation"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return [f"generation {generation_of(m)} (build.generations is malformed: not written by cachebuild)"]
     folder = root / GENERATIONS_DIR
-    older = sorted(int(p.stem[4:]) for p in folder.glob("gen-*.json") if p.stem[4:].isdigit() and int(p.stem[4:]) < table[0]["generation"])
+    older = sorted(int(p.stem[4:]) for p in folder.glob("gen-*.json") if p.stem[4:].isdigit() and int(p.stem[4:]) < oldest)
     lines = [f"generation {generation_of(m)} (lists generations {listed}; record ids from {m.build.get('first_record', 0)})"]
     if older:
         lines.append(f"           older generations still on disk (for readers and checkpoints): {', '.join(map(str, older))}")

@@ -258,3 +258,14 @@ def test_hostile_generation_fields_are_refused(tmp_path: Path, key: str, value: 
     doc["build"][key] = value
     with pytest.raises(ManifestError, match=words.replace("[", r"\[").replace("]", r"\]")):
         Manifest.from_json(json.dumps(doc).encode(), str(root))
+
+
+def test_inspect_of_malformed_generation_bookkeeping_is_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    _toy(root)
+    _toy(root, records=50, append=True)
+    doc = json.loads((root / "manifest.json").read_bytes())
+    doc["build"]["generations"] = [{"generation": "x"}]
+    (root / "manifest.json").write_text(json.dumps(doc))
+    proc = cli("inspect", str(root))
+    assert "generation 1 (build.generations is malformed" in proc.stdout
