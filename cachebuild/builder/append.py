@@ -44,6 +44,7 @@ from cachebuild.builder.plan import ShardSpec, plan_shards
 from cachebuild.builder.source import RecordSource
 from cachebuild.checks import MAX_SHARDS
 from cachebuild.errors import CacheMismatchError, ConfigError
+from cachebuild.format.atomic import is_tmp_name
 from cachebuild.format.generations import GENERATIONS_DIR, generation_of, generation_seed
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
@@ -148,6 +149,10 @@ def _start(out: LocalOutput, manifest: Manifest, doc: dict[str, Any], fingerprin
     if previous is not None and previous.get("fingerprint") != fingerprint:
         discard_unfinished(out.path, manifest)
     (out.path / GENERATIONS_DIR).mkdir(exist_ok=True)
+    for folder in (out.path, out.path / GENERATIONS_DIR):  # half-written files of a killed writer (we hold the lock)
+        for path in folder.iterdir():
+            if is_tmp_name(path):
+                path.unlink(missing_ok=True)
     write_json(out.path / APPEND_RECORD, {"fingerprint": fingerprint, "doc": doc}, sync)
 
 
