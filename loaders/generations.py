@@ -35,14 +35,16 @@ the epochs started by ``set_epoch``.
 
 from __future__ import annotations
 
+import os
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cachebuild.errors import ManifestError
 from cachebuild.format.generations import Lease, generation_of, read_generation, take_lease
-from cachebuild.format.manifest import Manifest, read_manifest
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from loaders.shards import ShardSet, check_shard_files
 from loaders.state import cache_fingerprint
 from loaders.views import make_view
@@ -153,6 +155,19 @@ def _distributed(stream: "ShardStream") -> Any:
     return dist
 
 
+def _newest(stream: "ShardStream") -> int:
+    """The generation ``manifest.json`` holds, parsed again only when the file was replaced (a new inode:
+    appends commit by rename), so an epoch start costs one ``stat`` (a 500-shard manifest parses in ~20 ms)."""
+    st = os.stat(Path(stream.root) / MANIFEST_NAME)
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    seen = stream._manifest_seen
+    if seen is not None and seen[0] == key:
+        return seen[1]
+    newest = generation_of(read_manifest(stream.root))
+    stream._manifest_seen = (key, newest)
+    return newest
+
+
 def refresh(stream: "ShardStream") -> int:
     """At the start of an epoch: move ``stream`` to the newest generation if it can; returns the generation read.
 
@@ -165,7 +180,7 @@ def refresh(stream: "ShardStream") -> int:
     dist = _distributed(stream)
     newest, opened = stream.generation, None
     if dist is None or dist.get_rank() == 0:
-        newest = generation_of(read_manifest(stream.root))
+        newest = _newest(stream)
         if newest != stream.generation and newest not in stream._warned_generations:
             opened = open_newest(stream.root)
             newest = generation_of(opened[0])

@@ -155,6 +155,7 @@ class ShardStream(IterableDataset):
         self.generation = generation_of(self.manifest)
         self._view_options = dict(view_options)
         self._warned_generations: set[int] = set()
+        self._manifest_seen: tuple[tuple[int, int, int], int] | None = None  # manifest.json's (inode, mtime, size) and generation
         self.view = make_view(view, self.manifest, batch_size, **view_options)
         self.config = PlanConfig(view, batch_size, shuffle, seed, window, drop_last, self.view.options())
         self.fingerprint = cache_fingerprint(self.manifest)
