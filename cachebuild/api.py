@@ -41,6 +41,8 @@ def build_recipe(
     address: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    append: bool = False,
+    keep: int | None = None,
 ) -> tuple[BuildSummary, str]:
     """Build the cache a recipe describes; returns the summary and the kind's unit (``graphs``, ...)."""
     kind, doc = read_recipe(recipe, overrides, {"seed": seed})
@@ -48,12 +50,15 @@ def build_recipe(
         doc[kind.count_key] = records
     parsed = parse_recipe(doc, kind.count_key, kind.default_codec)
     source, count = kind.make(parsed)
+    if append and count is not None:
+        raise ConfigError(f"recipe kind {kind.name!r} reads a fixed set of inputs ({count} records): an append needs a generator (fresh records from fresh seeds)")
     total = count if count is not None else (parsed.count or kind.default_count)
     if total is None:
         raise ConfigError(f"recipe kind {kind.name!r} needs a record count: set '{kind.count_key} = N' in the recipe or pass --records N")
     opts = BuildOptions(
         out=out, records=total, seed=parsed.seed, codec=parsed.codec, shard_bytes=parsed.shard_bytes,
         workers=workers or parsed.workers, backend=backend, address=address, overwrite=overwrite, progress=progress,
+        append=append, keep=keep,
     )
     return build_cache(source, opts, unit=kind.unit), kind.unit
 
@@ -73,6 +78,8 @@ def build(
     level: int | None = None,
     shard_mb: float = 256,
     address: str | None = None,
+    append: bool = False,
+    keep: int | None = None,
 ) -> BuildSummary:
     """Build (or resume, or confirm) a cache at ``out`` and return its :class:`BuildSummary`.
 
@@ -82,6 +89,11 @@ def build(
     table sets codec and shard size (``overrides`` are ``"key=value"`` strings
     as with ``--set``). Same inputs give byte-identical shards for any
     ``workers`` and ``backend``; rerunning after an interruption finishes it.
+
+    ``append=True`` adds ``records`` fresh records to the existing cache at
+    ``out`` as its next generation (same recipe and seed, checked; see
+    :mod:`cachebuild.builder.append`); ``keep=N`` then lists only the newest N
+    generations and deletes older shards no reader holds.
     """
     if isinstance(what, RecordSource):
         if records is None:
@@ -89,10 +101,10 @@ def build(
         opts = BuildOptions(
             out=out, records=records, seed=0 if seed is None else seed, codec=parse_codec(codec, level),
             shard_bytes=int(shard_mb * (1 << 20)), workers=workers, backend=backend, address=address,
-            overwrite=overwrite, progress=progress,
+            overwrite=overwrite, progress=progress, append=append, keep=keep,
         )
         return build_cache(what, opts)
     if not isinstance(what, (str, Path, Mapping)):
         raise ConfigError(f"build() takes a RecordSource or a recipe (TOML path or dict), got {type(what).__name__}")
-    summary, _ = build_recipe(what, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=progress)
+    summary, _ = build_recipe(what, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=progress, append=append, keep=keep)
     return summary

@@ -18,7 +18,8 @@ DEFAULT_GRAPHS = 10_000
 MEL_DEFAULT_CODEC = "none"
 
 
-def _options(recipe: Recipe, out: str | Path, records: int, workers: int | None, backend: str, address: str | None, overwrite: bool, progress: bool) -> BuildOptions:
+def _options(recipe: Recipe, out: str | Path, records: int, workers: int | None, backend: str, address: str | None, overwrite: bool, progress: bool,
+             append: bool = False, keep: int | None = None) -> BuildOptions:
     """Build options from a parsed recipe plus the command line's run settings."""
     return BuildOptions(
         out=out,
@@ -31,6 +32,8 @@ def _options(recipe: Recipe, out: str | Path, records: int, workers: int | None,
         address=address,
         overwrite=overwrite,
         progress=progress,
+        append=append,
+        keep=keep,
     )
 
 
@@ -52,14 +55,16 @@ def run_causal_build(
     address: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    append: bool = False,
+    keep: int | None = None,
 ) -> BuildSummary:
-    """Parse the recipe, validate it, and build the causal-graph cache at ``out``."""
+    """Parse the recipe, validate it, and build the causal-graph cache at ``out`` (``append``: add a generation to it)."""
     from cachebuild.sources import KINDS
 
     recipe = load_recipe(config_path, overrides, values, count_key="graphs")
     _check_kind(recipe, "causal", config_path, "generate")
     source, _ = KINDS["causal"].make(recipe)  # the same maker as `cachebuild build` with kind = "causal"
-    opts = _options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress)
+    opts = _options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress, append, keep)
     return build_cache(source, opts, unit="graphs")
 
 

@@ -67,13 +67,12 @@ class StreamLoader(DataLoader):
             register(driven.slot_rings, self)
 
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
-        driven: ShardStream = self.dataset  # type: ignore[assignment]
         if self.num_workers > 0 and not self.persistent_workers:
             self._new_slots()
         if self._ahead is not None:  # a pass left unfinished: its thread must let go of the workers first
             self._ahead.close()
             self._ahead = None
-        driven.begin_pass()
+        self.stream.begin_pass()  # the stream the trainer holds: its generation (and state) follow the pass
         self._lookahead = 0
         return self._deliver(super().__iter__())
 
@@ -166,7 +165,7 @@ def loader_state(loader: DataLoader) -> dict[str, Any]:
     if yielded == 0:  # before a pass's first batch its workers may still be recording the pass
         stream._control.settle(loader.num_workers)
     epoch, start = stream._control.worker_epoch(), stream._control.worker_start()
-    return make_state(epoch, start + yielded * ws, stream.config, stream.fingerprint, ws, yielded)
+    return make_state(epoch, start + yielded * ws, stream.config, stream.fingerprint, ws, yielded, stream._control.instructed_generation())
 
 
 def shutdown_workers(loader: Any) -> None:

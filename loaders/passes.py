@@ -43,7 +43,8 @@ MAX_WORKERS = 256
 """DataLoader workers a stream can count passes for (one 32-byte slot each)."""
 
 # Head of the control block: the pass a loader hands its workers, then the main process's instruction.
-_VALID, _EPOCH, _START, _RANK, _WORLD, _GEN, _IEPOCH, _ISTART, _IEXACT, _PLAIN = range(10)
+_VALID, _EPOCH, _START, _RANK, _WORLD, _GEN, _IEPOCH, _ISTART, _IEXACT, _PLAIN, _HGENERATION, _IGENERATION = range(12)
+# (_HGENERATION, _IGENERATION: the cache generation of the handed pass and of the instruction, see loaders.generations)
 _HEAD = 16
 # Per-worker slot: instruction generation obeyed, epoch and start of its last pass, passes begun.
 _W_SEEN, _W_EPOCH, _W_START, _W_PASSES, _W_SLOT = 0, 1, 2, 3, 4
@@ -108,6 +109,20 @@ class Control:
     # ---- a loader's pass (make_loader): the main process decided it
     def hand_pass(self, epoch: int, start: int, rank: int, world_size: int) -> None:
         self.block[:_GEN] = torch.tensor([1, epoch, start, rank, world_size])
+
+    def hand_generation(self, generation: int) -> None:
+        """The cache generation the handed pass reads (before :meth:`hand_pass`)."""
+        self.block[_HGENERATION] = generation
+
+    def handed_generation(self) -> int:
+        return int(self.block[_HGENERATION])
+
+    def instruct_generation(self, generation: int) -> None:
+        """The cache generation the workers of other DataLoaders read from their next pass on."""
+        self.block[_IGENERATION] = generation
+
+    def instructed_generation(self) -> int:
+        return int(self.block[_IGENERATION])
 
     def handed_pass(self) -> tuple[int, int, int, int] | None:
         valid, epoch, start, rank, ws = self.block[:_GEN].tolist()

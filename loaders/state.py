@@ -10,7 +10,8 @@ The state is a small JSON-able dict::
      "plan": {"view": "twins", "view_options": {...}, "batch_size": 4096,
               "shuffle": true, "window": 16, "drop_last": false},
      "world_size": 2,       # when saved (informational: any world size may resume)
-     "batches": 617}        # batches this rank had consumed in the epoch (informational)
+     "batches": 617,        # batches this rank had consumed in the epoch (informational)
+     "generation": 2}       # generation of a growing cache the epoch reads (absent: 0; see loaders.generations)
 
 Inside the workers of torchdata's ``StatefulDataLoader``, each worker saves
 its own share: the same dict with ``position`` the start of its pass and a
@@ -32,7 +33,7 @@ from typing import Any, Mapping
 from cachebuild.errors import CacheMismatchError
 from cachebuild.format.manifest import Manifest
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "PlanConfig", "cache_fingerprint", "make_state", "check_state", "make_worker_state", "check_worker_state"]
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "PlanConfig", "cache_fingerprint", "make_state", "check_state", "make_worker_state", "check_worker_state", "state_generation"]
 
 STATE_FORMAT = "cachebuild-loader-state"
 STATE_VERSION = 1
@@ -70,7 +71,7 @@ def cache_fingerprint(manifest: Manifest) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def make_state(epoch: int, position: int, cfg: PlanConfig, fingerprint: str, world_size: int, batches: int) -> dict[str, Any]:
+def make_state(epoch: int, position: int, cfg: PlanConfig, fingerprint: str, world_size: int, batches: int, generation: int = 0) -> dict[str, Any]:
     """The state dict (see the module docstring)."""
     return {
         "format": STATE_FORMAT,
@@ -82,6 +83,7 @@ def make_state(epoch: int, position: int, cfg: PlanConfig, fingerprint: str, wor
         "plan": cfg.identity(),
         "world_size": int(world_size),
         "batches": int(batches),
+        "generation": int(generation),
     }
 
 
@@ -111,6 +113,14 @@ def make_worker_state(state: dict[str, Any], worker: int, num_workers: int, rank
     """``state`` (of a worker's pass) with the worker's share and progress added (see the module docstring)."""
     state["worker"] = {"id": int(worker), "num_workers": int(num_workers), "rank": int(rank), "yielded": int(yielded)}
     return state
+
+
+def state_generation(state: Mapping[str, Any]) -> int:
+    """The cache generation a state was saved on (0 for states saved before caches grew)."""
+    g = state.get("generation", 0) if isinstance(state, Mapping) else 0
+    if not isinstance(g, int) or isinstance(g, bool) or g < 0:
+        raise ValueError(f"loader state has an invalid generation: {g!r}")
+    return g
 
 
 def check_worker_state(state: Mapping[str, Any], worker: int, num_workers: int) -> int:

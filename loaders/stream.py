@@ -35,15 +35,16 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from cachebuild.format.malloc import tune_malloc
-from cachebuild.format.manifest import read_manifest
+from cachebuild.format.generations import Lease, generation_of
 from cachebuild.format.reader import ShardSet, check_shard_files, local_path
 from loaders.batch import Batch, Layout, PackedBatch
+from loaders.generations import open_newest, refresh, use_generation
 from loaders.passes import Control, Progress
 from loaders.plan import DEFAULT_WINDOW, EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
 from loaders.shards import RemoteFiles
 from loaders.slots import SlotRings
-from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state
+from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state, state_generation
 from loaders.views import make_view
 from loaders.world import World, detect_ranks, worker_part
 
@@ -143,14 +144,19 @@ class ShardStream(IterableDataset):
             raise ValueError(f"window must be >= 1 shards or None, got {window}")
         self.remote: RemoteOptions | None = None
         self.root: Path | str
+        self._lease: Lease | None = None  # on the generation read (a growing cache, loaders.generations)
         if is_remote(root):
             self.root = str(root).rstrip("/")
             self.remote = remote if remote is not None else RemoteOptions()
             self.manifest = fetch_manifest(self.root, self.remote)  # shards: sizes and sha256 checked on arrival
         else:
             self.root = local_path(root)
-            self.manifest = read_manifest(self.root)
+            self.manifest, self._lease = open_newest(self.root)
             check_shard_files(self.manifest, self.root)
+        self.generation = generation_of(self.manifest)
+        self._view_options = dict(view_options)
+        self._warned_generations: set[int] = set()
+        self._manifest_seen: tuple[tuple[int, int, int], int] | None = None  # manifest.json's (inode, mtime, size) and generation
         self.view = make_view(view, self.manifest, batch_size, **view_options)
         self.config = PlanConfig(view, batch_size, shuffle, seed, window, drop_last, self.view.options())
         self.fingerprint = cache_fingerprint(self.manifest)
@@ -171,12 +177,13 @@ class ShardStream(IterableDataset):
         self._decode_threads = decode_threads
         self._progress = Progress()
         self._control = Control()
+        self._control.instruct_generation(self.generation)
         self._worker_load: tuple | None = None  # a state loaded inside a worker (torchdata): epoch, start, yielded, rank, world
         self._worker_pass: list[int] | None = None  # this worker's pass: epoch, start, worker, workers, rank, world, yielded
         self._emit_packed = False  # set on the copy a loader drives (see for_loader)
         self._reader: ShardSet | None = None
         self._reader_pid = -1
-        self._plan_cache: tuple[int, EpochPlan] | None = None
+        self._plan_cache: tuple[tuple[int, int], EpochPlan] | None = None
         self.slot_rings: SlotRings | None = None  # set by a loader with workers (see loaders.slots)
 
     # ---- pickling (DataLoader workers): no open files, no cached plan
@@ -189,11 +196,11 @@ class ShardStream(IterableDataset):
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the current one), cached for the last epoch asked."""
         epoch = self._progress.epoch if epoch is None else epoch
-        if self._plan_cache is None or self._plan_cache[0] != epoch:
+        if self._plan_cache is None or self._plan_cache[0] != (self.generation, epoch):
             c = self.config
             plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last,
                                    self.view.mix, self.view.chunk)
-            self._plan_cache = (epoch, plan)
+            self._plan_cache = ((self.generation, epoch), plan)
         return self._plan_cache[1]
 
     def world(self) -> World:
@@ -224,6 +231,9 @@ class ShardStream(IterableDataset):
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         p = self._progress
         p.set_epoch(int(epoch))
+        if p.next_pass()[1] == 0:  # a fresh epoch reads the newest generation (loaders.generations)
+            refresh(self)
+        self._control.instruct_generation(self.generation)
         self._control.instruct(*p.next_pass(), exact=True)
 
     def state_dict(self) -> dict[str, Any]:
@@ -241,7 +251,7 @@ class ShardStream(IterableDataset):
                 "batches it handed to the trainer; take the state from the loader instead: loaders.loader_state(dataloader) "
                 "(persistent workers), or build the loader with loaders.make_loader(stream) and call its state_dict()"
             )
-        return make_state(p.epoch, p.position, self.config, self.fingerprint, p.world_size, p.batches)
+        return make_state(p.epoch, p.position, self.config, self.fingerprint, p.world_size, p.batches, self.generation)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` at the next pass: the same remaining batches, nothing decoded to get there.
@@ -249,6 +259,7 @@ class ShardStream(IterableDataset):
         Inside a DataLoader worker (torchdata), a state this worker saved: its next
         pass continues its own share of the batches.
         """
+        use_generation(self, state_generation(state))  # that generation's shard list, even when newer ones exist
         epoch, position = check_state(state, self.config, self.fingerprint)
         if get_worker_info() is not None:
             w = state["worker"] if isinstance(state.get("worker"), Mapping) else {}
@@ -257,6 +268,7 @@ class ShardStream(IterableDataset):
         if "worker" in state:
             raise ValueError("this loader state was saved inside a DataLoader worker (torchdata); load it through the same StatefulDataLoader")
         self._progress.load(epoch, position, int(state.get("batches", 0)))
+        self._control.instruct_generation(self.generation)
         self._control.instruct(epoch, position, exact=False)
 
     def _worker_state(self) -> dict[str, Any]:
@@ -266,7 +278,7 @@ class ShardStream(IterableDataset):
             rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
             w = [*self._control.worker_pass_preview(wid), wid, nw, rank, ws, 0]
         epoch, start, wid, nw, rank, ws, yielded = w
-        return make_worker_state(make_state(epoch, start, self.config, self.fingerprint, ws, yielded), wid, nw, rank, yielded)
+        return make_worker_state(make_state(epoch, start, self.config, self.fingerprint, ws, yielded, self.generation), wid, nw, rank, yielded)
 
     def _finished(self, world_size: int) -> Callable[[int, int], bool]:
         return lambda epoch, start: start > 0 and self.plan(epoch).steps(world_size, start) == 0
@@ -282,6 +294,9 @@ class ShardStream(IterableDataset):
         """Main process, before a loader's pass: resolve the world, fix the start, tell the workers."""
         world = self.world()
         start = self._progress.begin(world.world_size, self._finished(world.world_size))
+        if start == 0:
+            refresh(self)
+        self._control.hand_generation(self.generation)
         self._control.hand_pass(self._progress.epoch, start, world.rank, world.world_size)
         return world
 
@@ -294,11 +309,14 @@ class ShardStream(IterableDataset):
             if handed is None:
                 raise RuntimeError("ShardStream.for_loader() copy iterated without begin_pass(); use loaders.make_loader")
             epoch, start, rank, ws = handed
+            use_generation(self, self._control.handed_generation())
         elif in_worker:  # another DataLoader's worker: it applies the epoch rule itself
             rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
             load, self._worker_load = self._worker_load, None
             if load is not None and tuple(load[3:]) != (rank, ws):
                 raise ValueError(f"loader state was saved by a worker of rank {load[3]} of {load[4]}, loaded in rank {rank} of {ws}: resume with the same world")
+            if load is None:  # (a loaded state already switched to its generation)
+                use_generation(self, self._control.instructed_generation())
             epoch, start = self._control.worker_pass(wid, self._finished(ws), load[:2] if load else None)
             skip = load[2] if load else 0
             self._worker_pass = [epoch, start, wid, nw, rank, ws, skip]
@@ -306,6 +324,8 @@ class ShardStream(IterableDataset):
             world = self.world()
             rank, ws = world.rank, world.world_size
             start, count = self._progress.begin(ws, self._finished(ws)), True
+            if start == 0:
+                refresh(self)
             epoch = self._progress.epoch
         world = World(rank, ws, wid, nw)
         plan = self.plan(epoch)
@@ -363,4 +383,4 @@ class ShardStream(IterableDataset):
     def __repr__(self) -> str:
         c = self.config
         return (f"ShardStream({str(self.root)!r}, view={c.view!r}, batch_size={c.batch_size}, shuffle={c.shuffle}, "
-                f"seed={c.seed}, window={c.window}, drop_last={c.drop_last}, records={self.manifest.records})")
+                f"seed={c.seed}, window={c.window}, drop_last={c.drop_last}, records={self.manifest.records}, generation={self.generation})")

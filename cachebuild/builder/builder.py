@@ -33,6 +33,7 @@ from cachebuild.checks import MAX_RECORDS, MAX_SHARDS
 from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
 from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.codec import Codec
+from cachebuild.format.generations import GENERATIONS_DIR
 from cachebuild.format.index import INDEX_DTYPE
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.malloc import tune_malloc
@@ -62,6 +63,8 @@ class BuildOptions:
     progress: bool = True
     sync: bool = True
     storage_options: dict[str, Any] = field(default_factory=dict)
+    append: bool = False  # add a generation to the cache at ``out`` (see cachebuild.builder.append)
+    keep: int | None = None  # with append: keep only the newest ``keep`` generations listed
 
     def validate(self) -> None:
         if not isinstance(self.records, int) or isinstance(self.records, bool) or not 1 <= self.records <= MAX_RECORDS:
@@ -72,6 +75,12 @@ class BuildOptions:
             raise ConfigError.bad_value("workers", self.workers, "must be >= 1")
         if self.backend not in BACKENDS:
             raise ConfigError.bad_value("backend", self.backend, f"must be one of {', '.join(BACKENDS)}")
+        if self.keep is not None and (not isinstance(self.keep, int) or isinstance(self.keep, bool) or self.keep < 1):
+            raise ConfigError.bad_value("keep", self.keep, "must be a whole number >= 1 (generations listed after the append)")
+        if self.keep is not None and not self.append:
+            raise ConfigError(f"keep={self.keep} (--keep) only applies to an append: add --append (or use `cachebuild prune`)")
+        if self.append and self.overwrite:
+            raise ConfigError("--append and --overwrite contradict each other: an append keeps the cache, --overwrite replaces it")
 
 
 def _n(count: int, word: str) -> str:
@@ -99,6 +108,8 @@ class BuildSummary:
     stored_bytes: int
     seconds: float
     already_complete: bool = False
+    generation: int | None = None  # an append: the generation it committed, and those the manifest lists
+    generations: tuple[int, ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -111,6 +122,14 @@ class BuildSummary:
         rate = self.records * share / self.seconds if self.seconds > 0 else 0.0
         mbs = self.raw_bytes * share / 1e6 / max(self.seconds, 1e-9)
         built = "" if self.built == self.shards else f" (the {_n(self.built, 'shard')} built now)"
+        if self.generation is not None:
+            listed = f"{self.generations[0]}..{self.generations[-1]}" if len(self.generations) > 1 else str(self.generations[0])
+            return [
+                f"appended generation {self.generation} to {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} "
+                f"({self.built} built, {self.skipped} already done); the manifest lists generations {listed}",
+                f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio)})",
+                f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s{built}",
+            ]
         return [
             f"built {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} ({self.built} built, {self.skipped} already done)",
             f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio)})",
@@ -149,7 +168,7 @@ def _fingerprint(doc: dict[str, Any]) -> str:
 
 
 def _is_ours(name: str) -> bool:
-    return name in (MANIFEST_NAME, BUILD_RECORD, LOCK_NAME) or name.startswith("shard-") or is_tmp_name(Path(name))
+    return name in (MANIFEST_NAME, BUILD_RECORD, LOCK_NAME, GENERATIONS_DIR) or name.startswith("shard-") or is_tmp_name(Path(name))
 
 
 def _check_local(out: LocalOutput) -> None:
@@ -247,6 +266,10 @@ def _progress(total: int, unit: str, enabled: bool) -> Any:
 
 def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records") -> BuildSummary:
     """Build (or finish, or confirm) the cache described by ``source`` and ``opts``."""
+    if opts.append:
+        from cachebuild.builder.append import append_cache
+
+        return append_cache(source, opts, unit)
     opts.validate()
     t0 = time.perf_counter()
     record_bytes = source.estimated_record_bytes()

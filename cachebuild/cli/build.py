@@ -49,9 +49,11 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.option("--scheduler", type=str, default=None, help="Dask scheduler address (with --backend dask; default: a local cluster).")
 @click.option("--address", type=str, default=None, help="Ray cluster address (with --backend ray; default: a local Ray).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
+@click.option("--append", is_flag=True, help="Add --graphs fresh graphs to the cache at --out as its next generation (same recipe, checked; see docs/growing-caches.md).")
+@click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
-def generate_command(graphs, out, config_path, seed, workers, codec, level, shard_mb, family, n_min, n_max, edge_prob, mechanism, noise, samples, twin, overrides, backend, scheduler, address, overwrite, quiet) -> None:
+def generate_command(graphs, out, config_path, seed, workers, codec, level, shard_mb, family, n_min, n_max, edge_prob, mechanism, noise, samples, twin, overrides, backend, scheduler, address, overwrite, append, keep, quiet) -> None:
     """Build a cache of random causal graphs with observational, interventional and
     twin-world samples.
 
@@ -75,7 +77,7 @@ def generate_command(graphs, out, config_path, seed, workers, codec, level, shar
     }
     if samples is not None:
         values["samples.per_intervention"] = samples
-    summary = run_causal_build(config_path, overrides, values, out, workers, backend, scheduler or address, overwrite, not quiet)
+    summary = run_causal_build(config_path, overrides, values, out, workers, backend, scheduler or address, overwrite, not quiet, append, keep)
     for line in summary.lines("graphs"):
         click.echo(line)
 
@@ -132,9 +134,11 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
 @click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help="joblib backend that runs the shards.")
 @click.option("--address", "--scheduler", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
+@click.option("--append", is_flag=True, help="Add --records fresh records to the cache at --out as its next generation (same recipe, checked).")
+@click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
-def build_command(config_path: Path, out: str, overrides: tuple[str, ...], records: int | None, seed: int | None, workers: int | None, backend: str, address: str | None, overwrite: bool, quiet: bool) -> None:
+def build_command(config_path: Path, out: str, overrides: tuple[str, ...], records: int | None, seed: int | None, workers: int | None, backend: str, address: str | None, overwrite: bool, append: bool, keep: int | None, quiet: bool) -> None:
     """Build the cache a TOML recipe describes, whatever its kind.
 
     \b
@@ -147,6 +151,6 @@ def build_command(config_path: Path, out: str, overrides: tuple[str, ...], recor
     """
     from cachebuild.api import build_recipe
 
-    summary, unit = build_recipe(config_path, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=not quiet)
+    summary, unit = build_recipe(config_path, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=not quiet, append=append, keep=keep)
     for line in summary.lines(unit):
         click.echo(line)

@@ -29,7 +29,16 @@ def verify_command(cache: Path, no_decode: bool, quiet: bool) -> None:
     if not report.ok:
         fail(f"error: {len(report.faults)} fault(s) in {cache}", EXIT_FAULTS)
     what = f"{report.records} records decoded" if not no_decode else "checksums only"
-    click.echo(f"ok: {cache}: {report.shards} shard{'' if report.shards == 1 else 's'} verified, {what}")
+    click.echo(f"ok: {cache}: {report.shards} shard{'' if report.shards == 1 else 's'} verified, {what}{_generation_note(cache)}")
+
+
+def _generation_note(cache: Path) -> str:
+    """`` (generation 3, the newest ...)`` for a grown cache: verify checks the generation manifest.json commits."""
+    from cachebuild.format.generations import generation_of
+    from cachebuild.format.manifest import read_manifest
+
+    g = generation_of(read_manifest(cache))
+    return f" (generation {g}, the newest: older generations' snapshots are not re-verified)" if g else ""
 
 
 @click.command("inspect")

@@ -177,6 +177,15 @@ def _check_shard(i: int, s: Any, n_fields: int, first: int, where: str) -> None:
             raise ManifestError(f"{where}: shards[{i}].{key} = {v!r} is not a sha256 hex digest")
 
 
+def _first_record(build: Any, where: str) -> int:
+    """Global id of the first listed record: 0, or past the generations a grown cache pruned."""
+    if not isinstance(build, dict):
+        raise ManifestError(f"{where}: build = {type(build).__name__} is not a table")
+    if "generation" in build:
+        _whole(build["generation"], "build.generation", where, 0, 1 << 40)
+    return _whole(build.get("first_record", 0), "build.first_record", where)
+
+
 def check_manifest(m: Any, declared_records: Any, where: str) -> None:
     """Check a parsed manifest (names, numbers, dtypes; see the module docstring); :class:`ManifestError` on a fault."""
     _whole(m.seed, "seed", where, 0, 1 << 64)
@@ -188,7 +197,8 @@ def check_manifest(m: Any, declared_records: Any, where: str) -> None:
         _check_field(f, m.codec.name, biggest, where)
     if len(set(names)) != len(names):
         raise ManifestError(f"{where}: a field is listed twice ({names})")
-    first, seen = 0, set()
+    base = _first_record(m.build, where)
+    first, seen = base, set()
     for i, s in enumerate(m.shards):
         _check_shard(i, s, len(m.fields), first, where)
         first += s.records
@@ -196,5 +206,5 @@ def check_manifest(m: Any, declared_records: Any, where: str) -> None:
             if getattr(s, key) in seen:
                 raise ManifestError(f"{where}: shards[{i}].{key} = {getattr(s, key)!r} is listed twice")
             seen.add(getattr(s, key))
-    if declared_records is not None and declared_records != first:
-        raise ManifestError(f"{where}: records = {declared_records!r} but its shards hold {first} records")
+    if declared_records is not None and declared_records != first - base:
+        raise ManifestError(f"{where}: records = {declared_records!r} but its shards hold {first - base} records")

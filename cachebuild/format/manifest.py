@@ -21,6 +21,8 @@ from cachebuild.format.names import FORMAT_NAME, FORMAT_VERSION, JSON_DTYPE, MAN
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "read_manifest", "schemas_from_indexes"]
 
+READ_VERSIONS = (1, 2)  # 2: a grown cache (generation >= 1, see cachebuild.format.generations)
+
 
 @dataclass(frozen=True)
 class FieldSchema:
@@ -125,8 +127,8 @@ class Manifest:
         doc = load_json_bounded(raw, where, ManifestError, MAX_MANIFEST_BYTES)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ManifestError(f"{where}: not a cachebuild manifest (format={doc.get('format') if isinstance(doc, dict) else None!r})")
-        if doc.get("version") != FORMAT_VERSION:
-            raise ManifestError(f"{where}: format version {doc.get('version')!r} is not supported (this cachebuild reads {FORMAT_VERSION})")
+        if doc.get("version") not in READ_VERSIONS:
+            raise ManifestError(f"{where}: format version {doc.get('version')!r} is not supported (this cachebuild reads {', '.join(map(str, READ_VERSIONS))})")
         try:
             fields = tuple(
                 FieldSchema(name, f["dtype"], f["ndim"], tuple(f["max_shape"]), tuple(f["min_shape"]))

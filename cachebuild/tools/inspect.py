@@ -13,7 +13,7 @@ import numpy as np
 
 from cachebuild.builder.builder import ratio_text
 from cachebuild.errors import ConfigError
-from cachebuild.format.manifest import read_manifest
+from cachebuild.format.manifest import Manifest, read_manifest
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.records import read_record
@@ -43,6 +43,27 @@ def recipe_lines(config: dict[str, Any], prefix: str = "") -> list[str]:
     return lines
 
 
+def generation_lines(m: Manifest, root: Path) -> list[str]:
+    """A grown cache's generations: the one committed, those listed (records each), older ones kept for readers."""
+    if "generations" not in m.build:
+        return []
+    from cachebuild.builder.generation_manifest import generation_table
+    from cachebuild.format.generations import GENERATIONS_DIR, generation_of
+
+    try:
+        table = generation_table(m)
+        listed = ", ".join(f"{int(g['generation'])} ({int(g['records'])})" for g in table)
+        oldest = int(table[0]["generation"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return [f"generation {generation_of(m)} (build.generations is malformed: not written by cachebuild)"]
+    folder = root / GENERATIONS_DIR
+    older = sorted(int(p.stem[4:]) for p in folder.glob("gen-*.json") if p.stem[4:].isdigit() and int(p.stem[4:]) < oldest)
+    lines = [f"generation {generation_of(m)} (lists generations {listed}; record ids from {m.build.get('first_record', 0)})"]
+    if older:
+        lines.append(f"           older generations still on disk (for readers and checkpoints): {', '.join(map(str, older))}")
+    return lines
+
+
 def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
     """Lines describing the cache at ``root`` and record number ``record``."""
     root = Path(root)
@@ -55,6 +76,7 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
         f"records    {m.records} in {len(m.shards)} shard{'' if len(m.shards) == 1 else 's'} (seed {m.seed})",
         f"codec      {m.codec.name}" + (f" level {m.codec.level}" if m.codec.name == "zstd" else ""),
         f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, {ratio_text(raw / stored if stored else 0.0)}",
+        *generation_lines(m, root),
     ]
     if m.config and m.kind == "mel" and isinstance(m.config.get("mel"), dict):
         # mel recipes take bare keys (--set n_mels=64); where the audio came from is not a recipe key

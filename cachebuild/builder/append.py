@@ -1,0 +1,174 @@
+"""Grow a cache by one generation: ``cachebuild generate --append`` (``build(..., append=True)``).
+
+An append adds ``records`` fresh records to an existing local cache without
+touching a byte of what is there:
+
+* **same recipe, checked**: kind, config, seed, codec and the determinism
+  keys (block size, numpy version) must equal the cache's; anything else is
+  one :class:`CacheMismatchError` naming the differing keys, and nothing
+  is written;
+* **fresh, determined bytes**: generation g's shards are seeded with
+  :func:`~cachebuild.format.generations.generation_seed` ``(seed, g)`` and
+  continue the cache's shard numbers and record ids, so the same append on
+  two copies of a cache gives byte-identical new shards;
+* **one commit point**: shards are written and marked done like a build's,
+  then the generation's manifest is written to ``generations/gen-g.json`` and
+  ``manifest.json`` is replaced atomically; a reader sees generation g-1 or
+  g, never part of g;
+* **resumable**: the unfinished append is recorded in
+  ``generations/append.json``; rerunning the same command finishes it
+  (shards already done are kept), another append (other arguments) first
+  discards it, and ``cachebuild prune`` discards it too;
+* the build lock is held throughout, and ``keep`` (``--keep N``) lists only
+  the newest N generations in the new manifest, then prunes what no reader
+  holds (:mod:`cachebuild.builder.prune`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from cachebuild.builder.backends import run_jobs
+from cachebuild.builder.builder import BuildOptions, BuildSummary, _build_shard, _fingerprint_doc, _index_of, _progress, records_per_shard
+from cachebuild.builder.generation_manifest import commit_generation, generation_table
+from cachebuild.builder.lock import build_lock
+from cachebuild.builder.markers import BUILD_RECORD, done_name, read_json, read_valid_done, write_json
+from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
+from cachebuild.builder.output import LocalOutput, open_output
+from cachebuild.builder.plan import ShardSpec, plan_shards
+from cachebuild.builder.source import RecordSource
+from cachebuild.checks import MAX_SHARDS
+from cachebuild.errors import CacheMismatchError, ConfigError
+from cachebuild.format.atomic import is_tmp_name
+from cachebuild.format.generations import GENERATIONS_DIR, generation_of, generation_seed
+from cachebuild.format.limits import MAX_MEMBER_BYTES
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
+from cachebuild.format.names import index_name
+
+__all__ = ["append_cache", "discard_unfinished", "shard_files", "APPEND_RECORD", "RECIPE_KEYS"]
+
+APPEND_RECORD = f"{GENERATIONS_DIR}/append.json"
+RECIPE_KEYS = ("kind", "config", "seed", "codec", "determinism")
+"""The keys of the build fingerprint an append must share with the cache (records and shard size may differ)."""
+
+
+def _local_cache(opts: BuildOptions) -> LocalOutput:
+    """The output, which must be an existing local cache (checked before anything is created or locked)."""
+    out = open_output(opts.out, opts.storage_options)
+    if not isinstance(out, LocalOutput):
+        raise ConfigError(f"--append needs a local cache folder (or a shared filesystem), got {out.location}: append there, then upload")
+    if not (out.path / MANIFEST_NAME).is_file():
+        what = "does not exist" if not out.path.exists() else "holds an unfinished build (rerun it without --append first)" if (out.path / BUILD_RECORD).exists() else "is not a cachebuild cache (no manifest.json)"
+        raise ConfigError(f"--append: {out.path} {what}; build the cache first (without --append)")
+    return out
+
+
+def _check_recipe(manifest: Manifest, doc: dict[str, Any], where: str) -> None:
+    """Refuse, naming every differing key, an append whose recipe is not the cache's."""
+    cache = fingerprint_doc_of_manifest(json.loads(manifest.to_json()))
+    old = {k: cache.get(k) for k in RECIPE_KEYS}
+    new = {k: doc.get(k) for k in RECIPE_KEYS}
+    if json.loads(json.dumps(new, default=str)) != old:
+        differs = describe_differences(old, new)
+        raise CacheMismatchError(f"{where} holds a cache of another recipe ({differs}); an append must use the cache's own recipe and seed")
+
+
+def _plan(manifest: Manifest, per_shard: int, records: int) -> list[ShardSpec]:
+    """The new generation's shards: shard numbers and record ids continue the cache's."""
+    build = manifest.build
+    next_shard = int(build.get("next_shard", len(manifest.shards)))
+    next_record = int(build.get("next_record", manifest.records))
+    specs = [ShardSpec(next_shard + s.index, next_record + s.start, next_record + s.stop) for s in plan_shards(records, per_shard)]
+    if specs[-1].index >= MAX_SHARDS:
+        raise ConfigError(f"this append would number shards up to {specs[-1].index}, past the limit of {MAX_SHARDS}: append more records at a time (larger shards)")
+    return specs
+
+
+def append_cache(source: RecordSource, opts: BuildOptions, unit: str = "records") -> BuildSummary:
+    """Add one generation of ``opts.records`` fresh records to the cache at ``opts.out`` (see the module docstring)."""
+    opts.validate()
+    t0 = time.perf_counter()
+    out = _local_cache(opts)
+    record_bytes = source.estimated_record_bytes()
+    if record_bytes > MAX_MEMBER_BYTES:
+        raise ConfigError(f"one record would take about {record_bytes} bytes, more than the {MAX_MEMBER_BYTES}-byte limit of a member")
+    with build_lock(out.path):
+        return _append(source, opts, out, unit, t0, records_per_shard(opts.records, opts.shard_bytes, record_bytes))
+
+
+def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: str, t0: float, per_shard: int) -> BuildSummary:
+    manifest = read_manifest(out.path)
+    if manifest.kind != source.kind:
+        raise CacheMismatchError(f"{out.path} holds a cache of kind {manifest.kind!r}, this recipe builds {source.kind!r}; an append must use the cache's own recipe")
+    base_doc = _fingerprint_doc(source, opts, per_shard)
+    _check_recipe(manifest, base_doc, str(out.path))
+    generation = generation_of(manifest) + 1
+    seed = generation_seed(manifest.seed, generation)
+    plan = _plan(manifest, per_shard, opts.records)
+    doc = {**base_doc, "generation": generation, "generation_seed": seed, "first_shard": plan[0].index, "first_record": plan[0].start}
+    fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    _start(out, manifest, doc, fingerprint, opts.sync)
+    done: dict[int, ShardEntry] = {}
+    for spec in plan:
+        shard = read_valid_done(out, spec.name, fingerprint, deep=True)
+        if shard is not None:
+            done[spec.index] = shard
+    todo = [spec for spec in plan if spec.index not in done]
+    skipped = len(done)
+    bar = _progress(opts.records, unit, opts.progress)
+    bar.update(sum(s.records for s in done.values()))
+    try:
+        own_process = opts.backend != "threading" and not (opts.backend == "loky" and min(opts.workers or os.cpu_count() or 1, len(todo)) <= 1)
+        args = (source, seed, out, opts.codec, fingerprint, opts.sync, own_process)
+        for shard in run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address):
+            done[_index_of(shard)] = shard
+            bar.update(shard.records)
+    finally:
+        bar.close()
+    new = [done[spec.index] for spec in plan]
+    entry = {"generation": generation, "seed": seed, "first_shard": plan[0].index, "shards": len(plan), "first_record": plan[0].start, "records": opts.records}
+    committed = commit_generation(out.path, manifest, new, entry, opts.keep)
+    out.remove(APPEND_RECORD)
+    if opts.keep is not None:
+        from cachebuild.builder.prune import prune_unlocked
+
+        prune_unlocked(out.path)
+    raw, stored = sum(s.raw_bytes for s in new), sum(s.bytes for s in new)
+    return BuildSummary(str(out.path), opts.records, len(plan), len(todo), skipped, raw, stored, time.perf_counter() - t0,
+                        generation=generation, generations=tuple(g["generation"] for g in generation_table(committed)))
+
+
+def _start(out: LocalOutput, manifest: Manifest, doc: dict[str, Any], fingerprint: str, sync: bool) -> None:
+    """Record this append; an unfinished append with other arguments is discarded first (its files were never listed)."""
+    previous = read_json(out.path / APPEND_RECORD)
+    if previous is not None and previous.get("fingerprint") != fingerprint:
+        discard_unfinished(out.path, manifest)
+    (out.path / GENERATIONS_DIR).mkdir(exist_ok=True)
+    for folder in (out.path, out.path / GENERATIONS_DIR):  # half-written files of a killed writer (we hold the lock)
+        for path in folder.iterdir():
+            if is_tmp_name(path):
+                path.unlink(missing_ok=True)
+    write_json(out.path / APPEND_RECORD, {"fingerprint": fingerprint, "doc": doc}, sync)
+
+
+def discard_unfinished(root: Path, manifest: Manifest) -> list[str]:
+    """Delete the shard files of an unfinished append (any ``shard-*`` file at or past the manifest's next shard)."""
+    first = int(manifest.build.get("next_shard", len(manifest.shards)))
+    removed = []
+    for path in sorted(root.glob("shard-*")):
+        number = path.name[len("shard-") :].split(".", 1)[0]
+        if number.isdigit() and int(number) >= first:
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    (root / APPEND_RECORD).unlink(missing_ok=True)
+    return removed
+
+
+def shard_files(name: str) -> tuple[str, str, str]:
+    """The three files of a shard: tar, index, done marker."""
+    return name, index_name(name), done_name(name)

@@ -1,0 +1,96 @@
+"""The manifest of a new generation, and its commit (snapshot first, ``manifest.json`` last).
+
+A grown cache's manifest carries its generation bookkeeping in ``build``:
+
+* ``generation``: the generation this manifest commits (absent: 0);
+* ``generations``: one entry per generation it lists, oldest first:
+  ``{generation, seed, first_shard, shards, first_record, records}``;
+* ``first_record``: global id of the first listed record (past pruned generations);
+* ``next_shard``, ``next_record``: where the next append continues numbering.
+
+Everything else (fields, shards, codec, recipe) is the ordinary manifest, so
+a reader of one generation is a reader of one cache.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cachebuild.builder.determinism import build_environment
+from cachebuild.errors import OutputError
+from cachebuild.format.atomic import atomic_write_bytes
+from cachebuild.format.generations import GROWN_VERSION, generation_of, snapshot_path
+from cachebuild.format.index import INDEX_DTYPE
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
+
+__all__ = ["generation_table", "shard_number", "commit_generation", "listed_generations"]
+
+
+def shard_number(name: str) -> int:
+    """``shard-00012.tar`` -> 12."""
+    return int(name.removeprefix("shard-").removesuffix(".tar"))
+
+
+def generation_table(manifest: Manifest) -> list[dict[str, Any]]:
+    """The generations ``manifest`` lists, oldest first (a cache that never grew: one entry, generation 0)."""
+    table = manifest.build.get("generations")
+    if table is None:
+        return [{"generation": 0, "seed": manifest.seed, "first_shard": 0, "shards": len(manifest.shards), "first_record": 0, "records": manifest.records}]
+    return [dict(g) for g in table]
+
+
+def listed_generations(manifest: Manifest) -> list[int]:
+    """Generation numbers ``manifest`` lists, oldest first."""
+    return [int(g["generation"]) for g in generation_table(manifest)]
+
+
+def _load_index(root: Path, name: str) -> np.ndarray:
+    index = np.load(io.BytesIO((root / name).read_bytes()), allow_pickle=False)
+    if index.dtype != INDEX_DTYPE:
+        raise OutputError(f"index {root / name} has an unexpected layout")
+    return index
+
+
+def _next_manifest(root: Path, old: Manifest, new: list[ShardEntry], entry: dict[str, Any], keep: int | None) -> Manifest:
+    """Generation ``entry['generation']``: the old listing (cut to the newest ``keep`` generations) plus ``new``."""
+    table = generation_table(old) + [entry]
+    if keep is not None:
+        table = table[-keep:]
+    first_kept = int(table[0]["first_shard"])
+    shards = tuple(s for s in old.shards if shard_number(s.name) >= first_kept) + tuple(new)
+    fields = [(f.name, f.dtype) for f in old.fields]
+    fields_schema = schemas_from_indexes(fields, [_load_index(root, s.index) for s in shards])
+    build = dict(old.build)
+    build.update(
+        generation=int(entry["generation"]),
+        generations=table,
+        first_record=int(table[0]["first_record"]),
+        next_shard=int(entry["first_shard"]) + int(entry["shards"]),
+        next_record=int(entry["first_record"]) + int(entry["records"]),
+        environment=build_environment(),
+    )
+    return Manifest(kind=old.kind, config=old.config, seed=old.seed, codec=old.codec, fields=fields_schema, shards=shards,
+                    version=GROWN_VERSION, build=build, created_by=old.created_by, root=old.root)
+
+
+def commit_generation(root: Path, old: Manifest, new: list[ShardEntry], entry: dict[str, Any], keep: int | None) -> Manifest:
+    """Write the new generation's snapshot, then replace ``manifest.json`` (the commit point); returns it.
+
+    The previous generation gets its snapshot first (a cache's first append
+    snapshots generation 0), so a reader of it finds its shard list after the
+    commit.
+    """
+    before = snapshot_path(root, generation_of(old))
+    before.parent.mkdir(exist_ok=True)
+    if not before.is_file():
+        atomic_write_bytes(before, (root / MANIFEST_NAME).read_bytes())
+    manifest = _next_manifest(root, old, new, entry, keep)
+    data = manifest.to_json()
+    Manifest.from_json(data, str(root))  # what every reader will check, checked before it is committed
+    atomic_write_bytes(snapshot_path(root, generation_of(manifest)), data)
+    atomic_write_bytes(root / MANIFEST_NAME, data)
+    return manifest
