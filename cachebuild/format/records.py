@@ -56,7 +56,7 @@ def read_record(shards: ShardSet, record: int, strict: bool = False) -> dict[str
 
 
 def record_blocks(shards: ShardSet, s: int, names: Sequence[str] | None = None, budget: int = BLOCK_BYTES) -> list[tuple[int, int]]:
-    """Global record ranges ``[a, b)`` covering shard ``s``, each decoding to about ``budget`` bytes of ``names``."""
+    """Record positions ``[a, b)`` of the ShardSet (0-based; not record ids, which may start later in a grown cache) covering shard ``s``, each decoding to about ``budget`` bytes of ``names``."""
     entry = shards.manifest.shards[s]
     if not entry.records:
         return []
@@ -64,7 +64,7 @@ def record_blocks(shards: ShardSet, s: int, names: Sequence[str] | None = None, 
     per = shards.index(s)[:, cols]["nbytes"].astype(np.int64).sum(axis=1) + 1
     before = np.cumsum(per) - per
     cuts = np.flatnonzero(np.diff(before // max(int(budget), 1))) + 1
-    edges = np.concatenate([[0], cuts, [entry.records]]) + entry.first_record
+    edges = np.concatenate([[0], cuts, [entry.records]]) + int(shards.starts[s])
     return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
 
 
