@@ -70,7 +70,7 @@ from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from loaders.blockread import read_block
 from loaders.shards import ShardSet
-from loaders.plan import BatchItems
+from loaders.plan import BatchItems, distinct
 from loaders.pools import DEFAULT_MIX, chunk_lengths, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, pad_mask, require_fields, resolve_delta
 from loaders.views.store import Dense, RecordStore
@@ -247,7 +247,7 @@ class TwinsView(View):
         G, K, N = len(where), self.k_max, self.n_max
         if self.w_max is None:
             raise RuntimeError("TwinsView needs bind() first")
-        worlds, world_index = np.unique(slot_world, return_inverse=True)
+        worlds, world_index = distinct(slot_world)
         if len(worlds) > self.w_max:
             raise RuntimeError(f"batch spans {len(worlds)} worlds, more than the planned {self.w_max}")
         np.take(graphs["base"], where, axis=0, out=out["ctx_base"][:G], mode="clip")
