@@ -36,6 +36,7 @@ unchanged: a pure function of integers, every item once, O(1) resume.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -193,6 +194,8 @@ class BatchItems:
     pool_size: int = 0
     pool_span: int = 0
     plan_key: tuple = ()
+    pool_records: Callable[[int], np.ndarray] | None = None
+    """Record ids of pool ``q``, in pool order (mixed plans): lets a store decode a whole pool at once."""
 
 
 def _segments(lo: int, size: int, total: int, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -391,4 +394,8 @@ class EpochPlan:
         pool = np.searchsorted(self.pools, upos, side="right") - 1
         return BatchItems(b, unique[slot], items, is_pad, unique, slot, _first_rows(slot, len(unique), B),
                           pool, upos - self.pools[pool], self.pool_size, self.pool_span,
-                          (self.seed, self.epoch, len(self.order), len(self.pools), self.chunk))
+                          (self.seed, self.epoch, len(self.order), len(self.pools), self.chunk), self.pool_records)
+
+    def pool_records(self, q: int) -> np.ndarray:
+        """Record ids of pool ``q`` (its slice of the epoch order)."""
+        return self.order[int(self.pools[q]) : int(self.pools[q + 1])]
