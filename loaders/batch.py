@@ -240,9 +240,16 @@ class PackedBatch:
         return PackedBatch(self.detach().buffer.to(device, non_blocking=non_blocking), self.spec)
 
     def unpack(self) -> Batch:
-        """``key -> tensor`` views into the buffer (no copy; a batch in a slot is detached first)."""
+        """``key -> tensor`` views into the buffer, without a copy: a batch in a worker's slot is
+        viewed in place and its slot freed when the consumer drops the batch (copied out instead
+        when the worker's budget of such batches is spent; see :mod:`loaders.slots`)."""
         if self.lease is not None:
-            return self.detach().unpack()
+            lease, self.lease = self.lease, None
+            own = lease.adopt(self.buffer)
+            if own is None:
+                self.lease = lease
+                return self.detach().unpack()
+            return PackedBatch(own, self.spec).unpack()
         out = Batch()
         buf = self.buffer
         typed: dict[torch.dtype, torch.Tensor] = {}

@@ -19,7 +19,6 @@ field. (:class:`ShardSet`, the open shards, lives in :mod:`loaders.shards`.)
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
@@ -33,6 +32,11 @@ from cachebuild.format.index_check import frame_headers, parse_frame_headers
 from cachebuild.format.limits import MAX_NPY_HEADER, load_json_bounded
 from cachebuild.format.shard_writer import JSON_DTYPE
 from loaders.shards import VERIFY_MODES, ShardSet, check_shard_files
+
+try:  # ISA-L's crc32: the same checksum as zlib's, about 4x faster (raw caches check every member read)
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
+    from zlib import crc32
 
 __all__ = ["FieldBlock", "read_block", "ShardSet", "VERIFY_MODES", "check_shard_files"]
 
@@ -319,7 +323,7 @@ def _decode_raw(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames
     crcs = fr.crc.tolist()
     for i, (s, o, z, nb, a) in enumerate(zip(fr.shard.tolist(), fr.offset.tolist(), fr.size.tolist(), fr.nbytes.tolist(), data_off.tolist())):
         src = views[s][o : o + z]
-        if check and zlib.crc32(src) != crcs[i]:
+        if check and crc32(src) != crcs[i]:
             raise _corrupt(shards, ids, names, fr, i, "crc32 mismatch (corrupt payload)")
         dst[a : a + nb] = src[z - nb :]
     stride_ok = np.ones(len(padded), bool)
