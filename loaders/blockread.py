@@ -33,9 +33,9 @@ from cachebuild.format.limits import MAX_NPY_HEADER, load_json_bounded
 from cachebuild.format.shard_writer import JSON_DTYPE
 from loaders.shards import VERIFY_MODES, ShardSet, check_shard_files
 
-try:  # ISA-L's crc32: the same checksum as zlib's, about 4x faster (raw caches check every member read)
+try:  # ISA-L's crc32: zlib's checksum, about 4x faster (raw caches check every member read); zlib is the fallback
     from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
+except ImportError:  # pragma: no cover
     from zlib import crc32
 
 __all__ = ["FieldBlock", "read_block", "ShardSet", "VERIFY_MODES", "check_shard_files"]
@@ -82,12 +82,9 @@ class FieldBlock:
 
 
 class _Memory:
-    """A read-only numpy view of one of zstd's output buffers that keeps the buffer alive.
-
-    zstd's ``BufferWithSegmentsCollection`` exposes each decoded member, not the
-    contiguous buffer behind a run of members; this exports that buffer
-    (address and size taken from its first member) with ``owner`` attached.
-    """
+    """A read-only numpy view of one of zstd's output buffers that keeps the buffer alive: zstd's
+    ``BufferWithSegmentsCollection`` exposes each decoded member, not the contiguous buffer behind
+    a run of members; this exports that buffer (address and size from its first member) with ``owner``."""
 
     def __init__(self, addr: int, size: int, owner: Any):
         self.__array_interface__ = {"data": (addr, True), "shape": (size,), "typestr": "|u1", "version": 3}
@@ -222,8 +219,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
         i = int(m.group(1)) if m else _first_bad_frame(dctx, payloads)
         raise _corrupt(shards, ids, names, fr, i, f"zstd: {exc}") from exc
     n = len(payloads)
-    # zstd checked that every frame decoded to exactly its declared size (``sizes``).
-    lens = np.frombuffer(sizes, np.uint64).astype(np.int64)
+    lens = np.frombuffer(sizes, np.uint64).astype(np.int64)  # zstd checked: each frame decoded to exactly its declared size
     offs = _packed_offsets(out, lens)
     if offs is None:  # several output buffers: ask for each member's place
         segs = [out[i] for i in range(n)]
@@ -249,13 +245,11 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
 
 
 def _packed_offsets(out: Any, lens: np.ndarray) -> np.ndarray | None:
-    """Each member's offset in its output buffer, with a few Python calls per buffer instead of one per member.
+    """Each member's offset in its zstd output buffer, a few Python calls per buffer (not one per member).
 
-    zstd writes the members back to back and starts a new buffer when one is full, so inside a buffer
-    an offset is the sum of the lengths since the buffer's first member, and after a new buffer starts
-    every offset is strictly smaller than that running sum (lengths > 0): whether member ``i`` still
-    matches the running sum is monotone in ``i``, and each buffer's start is found by bisection.
-    ``None`` when a member is empty (then ask every member).
+    Members are written back to back, a new buffer starting when one is full: inside a buffer an offset
+    is the running sum of lengths since its first member, after a new start it is strictly smaller
+    (lengths > 0), so each buffer's start is found by bisection. ``None`` when a member is empty.
     """
     n = len(lens)
     if n == 0 or not (lens > 0).all():

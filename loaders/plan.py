@@ -194,8 +194,7 @@ class BatchItems:
     pool_size: int = 0
     pool_span: int = 0
     plan_key: tuple = ()
-    pool_records: Callable[[int], np.ndarray] | None = None
-    """Record ids of pool ``q``, in pool order (mixed plans): lets a store decode a whole pool at once."""
+    pool_records: Callable[[int], np.ndarray] | None = None  # pool q -> its record ids (a store decodes whole pools)
 
 
 def _segments(lo: int, size: int, total: int, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

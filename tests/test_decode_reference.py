@@ -131,7 +131,7 @@ def test_graphs_view_on_dirty_buffers(caches, name, delta):
 def test_twins_view_on_dirty_buffers(caches, compact):
     ref = Reference(caches["causal"])
     m = ref.manifest
-    N, K, S = m.schema("adj").max_shape[0], m.schema("targets").max_shape[0], m.schema("base").max_shape[0]
+    N, S = m.schema("adj").max_shape[0], m.schema("base").max_shape[0]
     stream = ShardStream(caches["causal"], view="twins", batch_size=1024, seed=3, compact=compact, mix=64)
     for b in range(0, stream.plan(0).batches, 7):
         batch = _dirty_batch(stream, b)
