@@ -81,17 +81,22 @@ class Layout:
         return {k: (f.shape, f.dtype) for k, f in self.fields.items()}
 
     def allocate(self, shared: bool, slot: tuple[torch.Tensor, Any] | None = None) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
-        """A buffer and writable numpy views of every key, pre-filled.
+        """A buffer and writable numpy views of every key, keys with a ``fill`` pre-filled.
 
         ``slot`` is a reused shared-memory buffer (a worker's slot, see
         :mod:`loaders.slots`) to write into; else a new buffer, in shared
-        memory when ``shared``. A fresh shared-memory segment is already zero
-        (the kernel hands out zeroed pages), so zero fills are skipped there.
+        memory when ``shared``, or a private one this layout handed out before
+        and nobody holds any more (:class:`_Spares`: a fresh buffer costs page
+        faults and the kernel's zeroing on every batch). A buffer known to be
+        zero (a fresh shared segment) skips zero fills. Keys with ``fill=None``
+        are left as they are: the view writes every element (padding included).
         """
         if slot is not None:
             buf, zeroed = slot[0], False
+        elif shared:
+            buf, zeroed = _new_buffer(self.nbytes, True)
         else:
-            buf, zeroed = _new_buffer(self.nbytes, shared)
+            buf, zeroed = self._spares.take(self.nbytes), False
         raw = buf.numpy()
         arrays = {}
         for name, f in self.fields.items():
@@ -102,9 +107,52 @@ class Layout:
             arrays[name] = arr
         return buf, arrays
 
+    @property
+    def _spares(self) -> "_Spares":
+        spares = self.__dict__.get("_spare_buffers")
+        if spares is None:
+            spares = self.__dict__["_spare_buffers"] = _Spares()
+        return spares
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_spare_buffers", None)  # buffers stay in their process
+        return state
+
     def spec(self) -> tuple[tuple[str, str, tuple[int, ...], int], ...]:
         """Picklable description ``(key, dtype, shape, offset)`` carried with each packed batch."""
         return tuple((k, f.dtype, f.shape, self.offsets[k]) for k, f in self.fields.items())
+
+
+def _storage_refs(t: torch.Tensor) -> int:
+    """References to ``t``'s storage (tensors, views and numpy arrays of it), counted the same way each time."""
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+
+class _Spares:
+    """Private batch buffers of one layout, reused once nothing but this holds them.
+
+    A batch's tensors (and numpy arrays or views made from them) hold its
+    buffer's storage; when the consumer has dropped them all, the storage's
+    reference count is back to this holder's own and the buffer is reused for a
+    later batch. Callers get an alias (``buf.view(-1)``), never the held tensor,
+    so holding only the returned buffer counts too. At most ``keep`` buffers
+    are held; a consumer that keeps more batches gets fresh ones.
+    """
+
+    def __init__(self, keep: int = 3):
+        self.keep = keep
+        self.held: list[tuple[torch.Tensor, int]] = []
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        for buf, alone in self.held:
+            if buf.numel() == nbytes and _storage_refs(buf) == alone:
+                return buf.view(-1)
+        buf, _ = _new_buffer(nbytes, False)
+        if len(self.held) >= self.keep:
+            self.held.pop(0)
+        self.held.append((buf, _storage_refs(buf)))
+        return buf.view(-1)
 
 
 def _new_buffer(nbytes: int, shared: bool) -> tuple[torch.Tensor, bool]:
@@ -192,9 +240,16 @@ class PackedBatch:
         return PackedBatch(self.detach().buffer.to(device, non_blocking=non_blocking), self.spec)
 
     def unpack(self) -> Batch:
-        """``key -> tensor`` views into the buffer (no copy; a batch in a slot is detached first)."""
+        """``key -> tensor`` views into the buffer, without a copy: a batch in a worker's slot is
+        viewed in place and its slot freed when the consumer drops the batch (copied out instead
+        when the worker's budget of such batches is spent; see :mod:`loaders.slots`)."""
         if self.lease is not None:
-            return self.detach().unpack()
+            lease, self.lease = self.lease, None
+            own = lease.adopt(self.buffer)
+            if own is None:
+                self.lease = lease
+                return self.detach().unpack()
+            return PackedBatch(own, self.spec).unpack()
         out = Batch()
         buf = self.buffer
         typed: dict[torch.dtype, torch.Tensor] = {}

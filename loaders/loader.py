@@ -3,8 +3,9 @@
 Batches are built whole inside the workers (``batch_size=None``), each in one
 buffer (:class:`loaders.batch.PackedBatch`) that is one of the worker's
 reusable shared-memory slots (:mod:`loaders.slots`); the main process copies it
-out once (into pinned memory when CUDA is present, in the DataLoader's pin
-thread) and unpacks it into ``key -> tensor`` views. The loader counts what it hands to the
+out once into pinned memory when pinning (CUDA present, in the DataLoader's pin
+thread), else hands out ``key -> tensor`` views of the slot itself, freed when
+the consumer drops them. The loader counts what it hands to the
 trainer, not what the workers prefetched, so ``state_dict()`` after any batch
 resumes exactly there.
 """
@@ -20,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from loaders.batch import Batch, PackedBatch
 from loaders.handover import Handover, clean_worker_error
-from loaders.slots import SlotRings, register, unregister
+from loaders.slots import ZERO_COPY_HELD, SlotRings, register, unregister
 from loaders.state import make_state
 from loaders.stream import ShardStream
 from loaders.world import detect_ranks
@@ -63,7 +64,7 @@ class StreamLoader(DataLoader):
             unregister(driven.slot_rings)
             driven.slot_rings = None
         if self.num_workers > 0:
-            driven.slot_rings = SlotRings(self.num_workers, (self.prefetch_factor or 2) + 2, driven.layout.nbytes)
+            driven.slot_rings = SlotRings(self.num_workers, slot_count(self.prefetch_factor or 2), driven.layout.nbytes)
             register(driven.slot_rings, self)
 
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
@@ -191,13 +192,19 @@ def shm_free_bytes(path: str = SHM_PATH) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+def slot_count(prefetch_factor: int) -> int:
+    """Shared-memory batch slots per worker: the batches in flight, two spare, and the zero-copy
+    batches a consumer may hold (see :mod:`loaders.slots`)."""
+    return prefetch_factor + 2 + ZERO_COPY_HELD
+
+
 def _check_shm(stream: ShardStream, num_workers: int, prefetch_factor: int) -> None:
-    slots = prefetch_factor + 2  # see loaders.slots
+    slots = slot_count(prefetch_factor)
     need = num_workers * slots * stream.layout.nbytes
     free = shm_free_bytes()
     if free is not None and need > free:
         warnings.warn(
-            f"{SHM_PATH} has {free / 2**20:.0f} MiB free, but {num_workers} workers x (prefetch {prefetch_factor} + 2) x "
+            f"{SHM_PATH} has {free / 2**20:.0f} MiB free, but {num_workers} workers x (prefetch {prefetch_factor} + {slots - prefetch_factor}) x "
             f"{stream.layout.nbytes / 2**20:.1f} MiB per batch need {need / 2**20:.0f} MiB: workers may crash with a bus error. "
             f"Lower num_workers, prefetch_factor or batch_size (or compact=True for twins), or enlarge {SHM_PATH} "
             f"(docker: --shm-size).",
@@ -237,7 +244,7 @@ def make_loader(
             re-imports torch in every worker (seconds); pass ``"fork"`` there.
 
     Warns (``ResourceWarning``) when ``/dev/shm`` has less free space than the
-    workers' batch slots take: ``num_workers x (prefetch_factor + 2) x batch bytes``.
+    workers' batch slots take: ``num_workers x (prefetch_factor + 6) x batch bytes`` (:func:`slot_count`).
     """
     if not isinstance(dataset, ShardStream):
         raise TypeError(f"make_loader needs a ShardStream, got {type(dataset).__name__}")

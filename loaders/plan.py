@@ -36,6 +36,7 @@ unchanged: a pure function of integers, every item once, O(1) resume.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -48,6 +49,7 @@ __all__ = [
     "steps_per_rank",
     "rank_batches",
     "in_batch_permutation",
+    "distinct",
     "BatchItems",
     "EpochPlan",
 ]
@@ -163,6 +165,7 @@ class BatchItems:
     pool_size: int = 0
     pool_span: int = 0
     plan_key: tuple = ()
+    pool_records: Callable[[int], np.ndarray] | None = None  # pool q -> its record ids (a store decodes whole pools)
 
 
 def _segments(lo: int, size: int, total: int, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -186,7 +189,7 @@ def _segments(lo: int, size: int, total: int, bounds: np.ndarray) -> tuple[np.nd
     return np.concatenate(units), np.concatenate(counts), np.concatenate(items)
 
 
-def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_inverse=True)``; by marking instead of sorting when the values
     span a short range (a mixed batch's records lie in one or two pools)."""
     if not len(values):
@@ -346,18 +349,26 @@ class EpochPlan:
         assert self.pools is not None and self.pool_items is not None, "a mixed plan has pools"
         raw = b * B + np.arange(B, dtype=np.int64)
         is_pad = raw >= total
-        pos = raw % total
-        q = np.searchsorted(self.pool_items, pos, side="right") - 1
         rec, items = np.empty(B, np.int64), np.empty(B, np.int64)
-        for qq in np.unique(q).tolist():
-            m = q == qq
-            rec[m], items[m] = self.table(qq).locate(pos[m] - self.pool_items[qq])
+        row, p = 0, b * B
+        while row < B:  # runs of consecutive positions inside one pool (the stream wraps at its end)
+            a = p % total
+            q = int(np.searchsorted(self.pool_items, a, side="right")) - 1
+            n = min(B - row, total - a, int(self.pool_items[q + 1]) - a)
+            lo = a - int(self.pool_items[q])
+            rec[row : row + n], items[row : row + n] = self.table(q).locate_range(lo, lo + n)
+            row, p = row + n, p + n
         if self.chunk > 1:  # a chunk's rows spread over the batch (single items are in random order already)
             perm = in_batch_permutation(self.seed, self.epoch, b, B)
             rec, items, is_pad = rec[perm], items[perm], is_pad[perm]
-        upos, slot = _distinct(rec)
+        upos, slot = distinct(rec)
         unique = self.order[upos]
         pool = np.searchsorted(self.pools, upos, side="right") - 1
         return BatchItems(b, unique[slot], items, is_pad, unique, slot, _first_rows(slot, len(unique), B),
                           pool, upos - self.pools[pool], self.pool_size, self.pool_span,
-                          (self.seed, self.epoch, len(self.order), len(self.pools), self.chunk))
+                          (self.seed, self.epoch, len(self.order), len(self.pools), self.chunk), self.pool_records)
+
+    def pool_records(self, q: int) -> np.ndarray:
+        """Record ids of pool ``q`` (its slice of the epoch order)."""
+        assert self.pools is not None, "pool_records needs a mixed plan"
+        return self.order[int(self.pools[q]) : int(self.pools[q + 1])]

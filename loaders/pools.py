@@ -79,6 +79,19 @@ class PoolTable:
         c = np.searchsorted(self.cum, local, side="right") - 1
         return self.rec[c], self.start[c] + (local - self.cum[c])
 
+    def locate_range(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`locate` of the consecutive positions ``lo, ..., hi - 1``: the chunks covering them
+        are consecutive, so two searches and a repeat replace a search per position."""
+        local = np.arange(lo, hi, dtype=np.int64)
+        if len(self.cum) - 1 == self.cum[-1]:
+            return self.rec[lo:hi], self.start[lo:hi]
+        c0 = int(np.searchsorted(self.cum, lo, side="right")) - 1
+        c1 = int(np.searchsorted(self.cum, hi - 1, side="right")) - 1
+        cs = np.arange(c0, c1 + 1, dtype=np.int64)
+        counts = np.minimum(self.cum[cs + 1], hi) - np.maximum(self.cum[cs], lo)
+        c = np.repeat(cs, counts)
+        return self.rec[c], self.start[c] + (local - self.cum[c])
+
 
 def pool_table(items: np.ndarray, first: int, chunk: int, rng: np.random.Generator) -> PoolTable:
     """Chunks of the pool whose records (epoch positions ``first, first+1, ...``) hold ``items`` items, permuted by ``rng``."""

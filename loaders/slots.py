@@ -18,10 +18,20 @@ when a pass is cut short). The DataLoader keeps at most ``prefetch_factor``
 batches of a worker outstanding, so ``prefetch_factor + 2`` slots do not run
 out; if one stays busy past a timeout anyway, the worker uses a fresh buffer
 instead: never an endless wait, never a slot overwritten while it is read.
+
+Zero copy: a batch that is not pinned (a CPU consumer) need not be copied out
+at all. :meth:`SlotLease.adopt` hands the consumer tensors that view the slot
+and frees the slot when the last of them is dropped (the storage's owner holds
+the lease). At most :data:`ZERO_COPY_HELD` such batches per worker are alive at
+once (the hand-over queue, the batch in use, the one before it); a consumer
+that keeps more gets copies, so a worker never waits on a consumer that hoards
+batches. The loader gives each worker ``prefetch_factor + 2 + ZERO_COPY_HELD``
+slots.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 import weakref
@@ -30,10 +40,13 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["SLOT_HEADER", "SlotRings", "SlotLease", "register", "unregister", "rings_of"]
+__all__ = ["SLOT_HEADER", "ZERO_COPY_HELD", "SlotRings", "SlotLease", "register", "unregister", "rings_of"]
 
 SLOT_HEADER = 64
 """Bytes before the batch in a slot; byte 0 is the slot's busy flag."""
+
+ZERO_COPY_HELD = 4
+"""Most batches per worker a consumer may hold as views of their slots (see the module docstring)."""
 
 _REGISTRY: dict[str, "SlotRings"] = {}
 
@@ -77,11 +90,28 @@ class SlotRings:
             self.buffers.append(ring)
         self._next = [0] * workers
         self._flags: dict[tuple[int, int], np.ndarray] = {}
+        self.held = [0] * workers  # main process: batches alive as views of this worker's slots
+        self._held_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_flags"] = {}
+        state["held"] = [0] * self.workers
+        del state["_held_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._held_lock = threading.Lock()
+
+    def hold(self, worker: int, delta: int) -> bool:
+        """Count a zero-copy batch of ``worker`` in (``+1``: ``False`` when the worker already has
+        :data:`ZERO_COPY_HELD`) or out (``-1``)."""
+        with self._held_lock:
+            if delta > 0 and self.held[worker] >= ZERO_COPY_HELD:
+                return False
+            self.held[worker] += delta
+            return True
 
     def _flag(self, worker: int, slot: int) -> np.ndarray:
         f = self._flags.get((worker, slot))
@@ -90,8 +120,15 @@ class SlotRings:
         return f
 
     def acquire(self, worker: int) -> tuple[torch.Tensor, "SlotLease"] | None:
-        """Worker side: ``(batch buffer, lease)`` of the worker's next slot once free; ``None`` after the timeout."""
+        """Worker side: ``(batch buffer, lease)`` of the worker's next free slot (in ring order: one a
+        consumer still holds is passed over), waiting for the next one when none is free; ``None``
+        after the timeout."""
         i = self._next[worker]
+        for step in range(self.slots):
+            j = (i + step) % self.slots
+            if not self._flag(worker, j)[0]:
+                i = j
+                break
         self._next[worker] = (i + 1) % self.slots
         flag = self._flag(worker, i)
         if flag[0]:
@@ -115,10 +152,10 @@ class SlotLease:
     """A batch's claim on a slot. Pickled as a reference; in the main process it frees the slot
     exactly once: when the batch is copied out, or when it is dropped without being read."""
 
-    __slots__ = ("rings", "worker", "slot", "armed", "__weakref__")
+    __slots__ = ("rings", "worker", "slot", "armed", "viewed", "__weakref__")
 
     def __init__(self, rings: SlotRings, worker: int, slot: int, armed: bool):
-        self.rings, self.worker, self.slot, self.armed = rings, worker, slot, armed
+        self.rings, self.worker, self.slot, self.armed, self.viewed = rings, worker, slot, armed, False
 
     def reduce(self, spec: Any) -> tuple[Any, ...]:
         return (_rebuild, (self.rings.token, self.worker, self.slot, spec))
@@ -127,12 +164,33 @@ class SlotLease:
         if self.armed:
             self.armed = False
             self.rings.release(self.worker, self.slot)
+            if self.viewed:
+                self.rings.hold(self.worker, -1)
+
+    def adopt(self, buffer: torch.Tensor) -> torch.Tensor | None:
+        """A tensor over the slot's batch bytes that owns this lease: the slot is freed when the
+        tensor and every view of it are gone. ``None`` when the worker's zero-copy budget is spent
+        (the caller copies the batch out instead)."""
+        if not self.armed or not self.rings.hold(self.worker, +1):
+            return None
+        self.viewed = True
+        return torch.from_numpy(np.asarray(_SlotBytes(buffer, self)))
 
     def __del__(self) -> None:
         try:
             self.release()
         except Exception:  # interpreter shutdown: nothing left to free
             pass
+
+
+class _SlotBytes:
+    """The numpy interface of a slot's batch bytes; holds the slot's tensor and the lease, so the slot
+    stays busy (and mapped) while any array or tensor made from it lives."""
+
+    def __init__(self, buffer: torch.Tensor, lease: SlotLease):
+        self.__array_interface__ = {"data": (buffer.data_ptr(), False), "shape": (buffer.numel(),), "typestr": "|u1", "version": 3}
+        self.buffer = buffer
+        self.lease = lease
 
 
 def _rebuild(token: str, worker: int, slot: int, spec: Any) -> Any:

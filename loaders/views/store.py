@@ -9,7 +9,10 @@ per batch it appears in (a ``mel`` file: up to 80 times per epoch); instead a
 a record only when a batch first needs it. A region is reused once no batch of
 this process needs its pool any more: batches come in increasing order, so a
 record is decoded once per epoch per process (twice at most, where the
-epoch's last batches wrap to its first pool as padding). Memory:
+epoch's last batches wrap to its first pool as padding). The first batch that
+touches a pool decodes all of it in one block read: the fixed costs of a read
+(planning the frames, one call into zstd, one copy per run of same-shape
+records) are then paid once per pool instead of once per batch. Memory:
 ``pool_span * pool_size`` padded records per process, allocated lazily.
 
 Without pools (no shuffle, or a one-item view) the store decodes the batch's
@@ -89,9 +92,30 @@ class RecordStore:
         where = region * self.size + items.pool_index
         missing = np.flatnonzero(~self.done[where])
         if missing.size:
-            self._decode(shards, items.unique[missing], self.arrays, where[missing])
-            self.done[where[missing]] = True
+            ids, dest = items.unique[missing], where[missing]
+            if items.pool_records is not None:  # the rest of these pools too: one decode call per pool, not per batch
+                ids, dest = self._whole_pools(items, region, missing)
+            self._decode(shards, ids, self.arrays, dest)
+            self.done[dest] = True
         return self.arrays, where
+
+    def _whole_pools(self, items: BatchItems, region: np.ndarray, missing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every record not decoded yet of the pools holding the batch's ``missing`` records: ``(ids, rows)``.
+
+        A process's batches draw from a pool until it is used up, and each touches a few hundred of its
+        records, so the pool is decoded in one block read (a few fixed costs per pool, not per batch);
+        the decode count stays once per record per pool held.
+        """
+        ids, rows = [], []
+        assert items.pool is not None and items.pool_records is not None, "a store reads mixed batches"
+        for q in np.unique(items.pool[missing]).tolist():
+            r = int(region[np.flatnonzero(items.pool == q)[0]])
+            members = items.pool_records(q)
+            dest = r * self.size + np.arange(len(members), dtype=np.int64)
+            todo = ~self.done[dest]
+            ids.append(members[todo])
+            rows.append(dest[todo])
+        return np.concatenate(ids), np.concatenate(rows)
 
     def _regions(self, pools: np.ndarray) -> np.ndarray:
         """The region of each entry of ``pools``; pools not held yet take regions no pool of this batch holds."""

@@ -70,7 +70,7 @@ from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
-from loaders.plan import BatchItems
+from loaders.plan import BatchItems, distinct
 from loaders.pools import DEFAULT_MIX, chunk_lengths, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, pad_mask, require_fields, resolve_delta
 from loaders.views.store import Dense, RecordStore
@@ -182,13 +182,14 @@ class TwinsView(View):
             keys.update(
                 graph_index=Field((B,), "int64"),
                 world_index=Field((B,), "int64"),
-                ctx_base=Field((G, S, N), f32, 0),
-                ctx_int=Field((V, S, N), f32, 0),
-                ctx_adj=Field((G, N, N), f32, 0),
-                ctx_node_mask=Field((G, N), "bool", False),
-                ctx_n=Field((G,), "int64", 0),
-                ctx_record_id=Field((G,), "int64", -1),
-                ctx_mask=Field((G,), "bool", False),
+                # the context keys are written whole by _compact_context (used slots, then the rest)
+                ctx_base=Field((G, S, N), f32),
+                ctx_int=Field((V, S, N), f32),
+                ctx_adj=Field((G, N, N), f32),
+                ctx_node_mask=Field((G, N), "bool"),
+                ctx_n=Field((G,), "int64"),
+                ctx_record_id=Field((G,), "int64"),
+                ctx_mask=Field((G,), "bool"),
             )
         else:
             keys.update(
@@ -237,6 +238,7 @@ class TwinsView(View):
             self._compact_context(graphs, where, inv * K + k, n, out)
             out["graph_index"][...] = inv
             out["ctx_record_id"][:G] = uniq
+            out["ctx_record_id"][G:] = -1
         else:
             np.take(graphs["base"], row, axis=0, out=out["base_samples"], mode="clip")
             np.take(graphs["int"].reshape(-1, S, N), world, axis=0, out=out["int_samples"], mode="clip")
@@ -250,17 +252,20 @@ class TwinsView(View):
         G, K, N = len(where), self.k_max, self.n_max
         if self.w_max is None:
             raise RuntimeError("TwinsView needs bind() first")
-        worlds, world_index = np.unique(slot_world, return_inverse=True)
+        worlds, world_index = distinct(slot_world)
         if len(worlds) > self.w_max:
             raise RuntimeError(f"batch spans {len(worlds)} worlds, more than the planned {self.w_max}")
         np.take(graphs["base"], where, axis=0, out=out["ctx_base"][:G], mode="clip")
         np.take(graphs["adj"], where, axis=0, out=out["ctx_adj"][:G], mode="clip")
         src = where[worlds // K] * K + worlds % K
         np.take(graphs["int"].reshape(-1, self.s, N), src, axis=0, out=out["ctx_int"][: len(worlds)], mode="clip")
+        out["ctx_int"][len(worlds) :] = 0
         out["world_index"][...] = world_index.reshape(-1)
         pad_mask(n, N, out["ctx_node_mask"][:G])
         out["ctx_n"][:G] = n
         out["ctx_mask"][:G] = True
+        for key in ("ctx_base", "ctx_adj", "ctx_node_mask", "ctx_n", "ctx_mask"):  # unused slots
+            out[key][G:] = 0
 
 
 def expand_compact(batch: Mapping[str, Any]) -> dict[str, Any]:
