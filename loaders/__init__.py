@@ -24,13 +24,16 @@ shared-memory buffers between workers and the main process), :mod:`~loaders.stre
 pass runs: the next one, unless ``set_epoch``/``load_state_dict`` said
 otherwise), :mod:`~loaders.device` (``to_device``), :mod:`~loaders.monitor`
 and :mod:`~loaders.monitor_out` (the stall monitor and its outputs),
-:mod:`~loaders.lightning` (a Lightning datamodule; imports Lightning). Only
+:mod:`~loaders.lightning` (a Lightning datamodule; imports Lightning),
+:mod:`~loaders.mixture`, :mod:`~loaders.schedule` and :mod:`~loaders.mixplan`
+(several caches in one stream: weights, schedules). Only
 ``cachebuild.format`` and ``cachebuild.errors`` are imported from cachebuild.
 """
 
 from loaders.batch import Batch, Field, Layout, PackedBatch
 from loaders.device import to_device
 from loaders.loader import StreamLoader, loader_state, make_loader
+from loaders.mixture import Mixture, Stage
 from loaders.plan import BatchItems, EpochPlan, epoch_order
 from loaders.state import PlanConfig
 from loaders.stream import ShardStream
@@ -39,6 +42,8 @@ from loaders.world import World
 
 __all__ = [
     "ShardStream",
+    "Mixture",
+    "Stage",
     "make_loader",
     "loader_state",
     "to_device",

@@ -37,6 +37,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import read_manifest
 from loaders.batch import Batch, Layout, PackedBatch
+from loaders.mixture import Mixture, OpenMixture, open_mixture
 from loaders.passes import Control, Progress
 from loaders.plan import DEFAULT_WINDOW, EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
@@ -94,6 +95,9 @@ class ShardStream(IterableDataset):
     Args:
         root: cache directory (holds ``manifest.json``), a ``file://`` URL, or a remote
             cache URL: ``http(s)://...`` or any fsspec URL (``s3://bucket/prefix``).
+            Or several caches of one kind: a :class:`loaders.Mixture` (weights per
+            epoch, or a schedule of them), or a list of roots (each record once per
+            epoch); see :mod:`loaders.mixture`.
         view: ``"records"`` (any cache), ``"graphs"``, ``"twins"`` (causal), or a
             name added with :func:`loaders.views.register_view`.
         batch_size: rows per batch (graphs, twin rows, records).
@@ -120,7 +124,7 @@ class ShardStream(IterableDataset):
 
     def __init__(
         self,
-        root: str | Path,
+        root: str | Path | Mixture | list[str | Path],
         view: str = "records",
         batch_size: int = 256,
         *,
@@ -142,7 +146,10 @@ class ShardStream(IterableDataset):
             raise ValueError(f"window must be >= 1 shards or None, got {window}")
         self.remote: RemoteOptions | None = None
         self.root: Path | str
-        if is_remote(root):
+        self.mixture: OpenMixture | None = open_mixture(root, remote)
+        if self.mixture is not None:  # several caches read as one (loaders.mixture)
+            self.root, self.manifest, self.remote = self.mixture.label, self.mixture.manifest, self.mixture.remote
+        elif is_remote(root):
             self.root = str(root).rstrip("/")
             self.remote = remote if remote is not None else RemoteOptions()
             self.manifest = fetch_manifest(self.root, self.remote)  # shards: sizes and sha256 checked on arrival
@@ -152,7 +159,7 @@ class ShardStream(IterableDataset):
             check_shard_files(self.manifest, self.root)
         self.view = make_view(view, self.manifest, batch_size, **view_options)
         self.config = PlanConfig(view, batch_size, shuffle, seed, window, drop_last, self.view.options())
-        self.fingerprint = cache_fingerprint(self.manifest)
+        self.fingerprint = self.mixture.fingerprint if self.mixture is not None else cache_fingerprint(self.manifest)
         self.verify = verify
         probe = self._new_shard_set()  # views that need shapes read the indexes only
         try:
@@ -190,8 +197,11 @@ class ShardStream(IterableDataset):
         epoch = self._progress.epoch if epoch is None else epoch
         if self._plan_cache is None or self._plan_cache[0] != epoch:
             c = self.config
-            plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last,
-                                   self.view.mix, self.view.chunk)
+            if self.mixture is not None:
+                plan = self.mixture.plan(epoch, self.items_per_record, c, self.view.mix, self.view.chunk)
+            else:
+                plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last,
+                                       self.view.mix, self.view.chunk)
             self._plan_cache = (epoch, plan)
         return self._plan_cache[1]
 
@@ -240,7 +250,7 @@ class ShardStream(IterableDataset):
                 "batches it handed to the trainer; take the state from the loader instead: loaders.loader_state(dataloader) "
                 "(persistent workers), or build the loader with loaders.make_loader(stream) and call its state_dict()"
             )
-        return make_state(p.epoch, p.position, self.config, self.fingerprint, p.world_size, p.batches)
+        return self._stamp(make_state(p.epoch, p.position, self.config, self.fingerprint, p.world_size, p.batches))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` at the next pass: the same remaining batches, nothing decoded to get there.
@@ -248,6 +258,8 @@ class ShardStream(IterableDataset):
         Inside a DataLoader worker (torchdata), a state this worker saved: its next
         pass continues its own share of the batches.
         """
+        if self.mixture is not None:
+            self.mixture.check_state(state)  # names the cache or stage that differs
         epoch, position = check_state(state, self.config, self.fingerprint)
         if get_worker_info() is not None:
             w = state["worker"] if isinstance(state.get("worker"), Mapping) else {}
@@ -265,7 +277,10 @@ class ShardStream(IterableDataset):
             rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
             w = [*self._control.worker_pass_preview(wid), wid, nw, rank, ws, 0]
         epoch, start, wid, nw, rank, ws, yielded = w
-        return make_worker_state(make_state(epoch, start, self.config, self.fingerprint, ws, yielded), wid, nw, rank, yielded)
+        return make_worker_state(self._stamp(make_state(epoch, start, self.config, self.fingerprint, ws, yielded)), wid, nw, rank, yielded)
+
+    def _stamp(self, state: dict[str, Any]) -> dict[str, Any]:
+        return self.mixture.stamp(state) if self.mixture is not None else state
 
     def _finished(self, world_size: int) -> Callable[[int, int], bool]:
         return lambda epoch, start: start > 0 and self.plan(epoch).steps(world_size, start) == 0
@@ -315,6 +330,8 @@ class ShardStream(IterableDataset):
         return self._batches(plan, ids, shared=in_worker, count=count, rings=rings, worker=wid)
 
     def _new_shard_set(self) -> ShardSet:
+        if self.mixture is not None:
+            return self.mixture.shard_set(self.verify)
         locator = RemoteFiles(str(self.root), self.manifest, self.remote) if self.remote is not None else None
         return ShardSet(self.manifest, self.root, self.verify, locator=locator)
 

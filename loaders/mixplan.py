@@ -1,0 +1,91 @@
+"""The record order of a mixture's epoch: pure functions of integers.
+
+A mixture reads its caches as one *union* of records: cache ``c``'s record
+``i`` is union record ``offsets[c] + i`` (caches in the mixture's order).
+The epoch order is built in two steps, both seeded by ``(seed, epoch)`` and
+nothing else, so it never depends on ranks or workers:
+
+1. **Which records** (:func:`cache_draws`): cache ``c`` is an endless stream
+   of passes; pass ``k`` is the cache's own epoch order
+   (:func:`loaders.plan.epoch_order`: shards shuffled, records shuffled within
+   windows of shards) for the epoch number ``k * caches + c``, so a mixture of
+   one cache reads exactly what a plain stream of it reads. An epoch takes the
+   next ``count`` records of that stream (``count`` from
+   :mod:`loaders.schedule`), starting where the epochs before it stopped.
+2. **In which order** (:func:`interleave`): the caches' draws are merged so
+   that every stretch of the order holds each cache in proportion to its
+   count (cache ``c``'s ``j``-th draw sits at key ``(j + u_c) / count_c``,
+   ``u_c`` uniform, seeded): each batch carries the epoch's proportions, to
+   within one record per cache, and each cache's draws keep their window
+   locality. Without ``shuffle``: cache after cache, each in record order.
+
+The result is the ``order`` of an :class:`loaders.plan.EpochPlan`, so the
+pools of :mod:`loaders.pools` mix many-item views across the whole union, and
+batches, ranks, workers and resume work as for one cache.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from loaders.plan import DEFAULT_WINDOW, epoch_order
+
+__all__ = ["pass_epoch", "cache_draws", "interleave", "mixture_order"]
+
+_TAG_MIX = 0x6D6978
+
+
+def pass_epoch(k: int, cache: int, caches: int) -> int:
+    """The epoch number whose :func:`epoch_order` is pass ``k`` over cache ``cache`` of ``caches``."""
+    return k * caches + cache
+
+
+def cache_draws(shard_counts: np.ndarray, seed: int, cache: int, caches: int, start: int, count: int,
+                shuffle: bool = True, window: int | None = DEFAULT_WINDOW) -> np.ndarray:
+    """Local record ids at positions ``[start, start + count)`` of the cache's endless stream of passes, int64 ``[count]``."""
+    shard_counts = np.asarray(shard_counts, dtype=np.int64)
+    size = int(shard_counts.sum())
+    if count <= 0:
+        return np.zeros(0, np.int64)
+    if size == 0:
+        raise ValueError(f"cache {cache} has no records to draw {count} from")
+    parts = []
+    for k in range(start // size, (start + count - 1) // size + 1):
+        lo, hi = max(start, k * size) - k * size, min(start + count, (k + 1) * size) - k * size
+        if shuffle:
+            parts.append(epoch_order(shard_counts, seed, pass_epoch(k, cache, caches), True, window)[lo:hi])
+        else:
+            parts.append(np.arange(lo, hi, dtype=np.int64))
+    return np.concatenate(parts)
+
+
+def interleave(counts: np.ndarray, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The cache of every position of the epoch order, int64 ``[sum(counts)]`` (step 2 of the module docstring)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    src = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    if not shuffle or len(counts) < 2:
+        return src
+    u = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), _TAG_MIX])).random(len(counts))
+    keys = np.concatenate([(np.arange(n, dtype=np.float64) + u[c]) / n for c, n in enumerate(counts.tolist()) if n > 0]) if src.size else np.zeros(0)
+    return src[np.argsort(keys, kind="stable")]
+
+
+def mixture_order(shard_counts: Sequence[np.ndarray], counts: np.ndarray, before: np.ndarray, seed: int, epoch: int,
+                  shuffle: bool = True, window: int | None = DEFAULT_WINDOW) -> np.ndarray:
+    """Union record ids in epoch order, int64 ``[sum(counts)]``.
+
+    ``shard_counts[c]``: records per shard of cache ``c``; ``counts[c]``: its
+    records this epoch; ``before[c]``: records drawn from its stream by earlier
+    epochs (:func:`loaders.schedule.draws_before`).
+    """
+    caches = len(shard_counts)
+    sizes = np.array([int(np.sum(s)) for s in shard_counts], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    which = interleave(counts, seed, epoch, shuffle)
+    order = np.empty(len(which), np.int64)
+    for c in range(caches):
+        if counts[c] > 0:
+            order[which == c] = offsets[c] + cache_draws(shard_counts[c], seed, c, caches, int(before[c]), int(counts[c]), shuffle, window)
+    return order
