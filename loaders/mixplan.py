@@ -5,13 +5,16 @@ A mixture reads its caches as one *union* of records: cache ``c``'s record
 The epoch order is built in two steps, both seeded by ``(seed, epoch)`` and
 nothing else, so it never depends on ranks or workers:
 
-1. **Which records** (:func:`cache_draws`): cache ``c`` is an endless stream
-   of passes; pass ``k`` is the cache's own epoch order
-   (:func:`loaders.plan.epoch_order`: shards shuffled, records shuffled within
-   windows of shards) for the epoch number ``k * caches + c``, so a mixture of
-   one cache reads exactly what a plain stream of it reads. An epoch takes the
-   next ``count`` records of that stream (``count`` from
-   :mod:`loaders.schedule`), starting where the epochs before it stopped.
+1. **Which records, in which order inside the cache** (:func:`cache_draws`):
+   cache ``c`` is read as a cycle over a fixed shuffle of its records; an
+   epoch takes the next ``count`` records of that cycle (``count`` from
+   :mod:`loaders.schedule`), starting where the epochs before it stopped, so
+   every record comes before any comes again, and inside an epoch each comes
+   ``count // size`` or one more times. Those draws are then put in the
+   cache's own epoch order (:func:`loaders.plan.epoch_order`, for the epoch
+   number ``epoch * caches + c``: shards shuffled, records shuffled within
+   windows of shards), so a mixture of one cache reads exactly what a plain
+   stream of it reads, and every epoch is shuffled afresh.
 2. **In which order** (:func:`interleave`): the caches' draws are merged so
    that every stretch of the order holds each cache in proportion to its
    count (cache ``c``'s ``j``-th draw sits at key ``(j + u_c) / count_c``,
@@ -35,30 +38,41 @@ from loaders.plan import DEFAULT_WINDOW, epoch_order
 __all__ = ["pass_epoch", "cache_draws", "interleave", "mixture_order"]
 
 _TAG_MIX = 0x6D6978
+_TAG_PICK = 0x7069636B
 
 
-def pass_epoch(k: int, cache: int, caches: int) -> int:
-    """The epoch number whose :func:`epoch_order` is pass ``k`` over cache ``cache`` of ``caches``."""
-    return k * caches + cache
+def pass_epoch(epoch: int, cache: int, caches: int) -> int:
+    """The epoch number whose :func:`epoch_order` orders cache ``cache`` of ``caches`` in mixture epoch ``epoch``."""
+    return epoch * caches + cache
 
 
-def cache_draws(shard_counts: np.ndarray, seed: int, cache: int, caches: int, start: int, count: int,
+def cache_draws(shard_counts: np.ndarray, seed: int, cache: int, caches: int, epoch: int, start: int, count: int,
                 shuffle: bool = True, window: int | None = DEFAULT_WINDOW) -> np.ndarray:
-    """Local record ids at positions ``[start, start + count)`` of the cache's endless stream of passes, int64 ``[count]``."""
+    """Local record ids cache ``cache`` gives mixture epoch ``epoch``, in order, int64 ``[count]``.
+
+    *Which*: positions ``[start, start + count)`` of the cyclic sequence
+    ``pi[0], ..., pi[size - 1], pi[0], ...`` (``pi`` a permutation of the cache
+    seeded by ``(seed, cache)``; the identity without ``shuffle``), so each record
+    comes ``count // size`` or one more times, never twice while another is
+    missing, and consecutive epochs continue the cycle. *In which order*: copy
+    after copy, each copy's records in the cache's own epoch order for
+    :func:`pass_epoch` (window locality kept).
+    """
     shard_counts = np.asarray(shard_counts, dtype=np.int64)
     size = int(shard_counts.sum())
     if count <= 0:
         return np.zeros(0, np.int64)
     if size == 0:
         raise ValueError(f"cache {cache} has no records to draw {count} from")
-    parts = []
-    for k in range(start // size, (start + count - 1) // size + 1):
-        lo, hi = max(start, k * size) - k * size, min(start + count, (k + 1) * size) - k * size
-        if shuffle:
-            parts.append(epoch_order(shard_counts, seed, pass_epoch(k, cache, caches), True, window)[lo:hi])
-        else:
-            parts.append(np.arange(lo, hi, dtype=np.int64))
-    return np.concatenate(parts)
+    pos = start + np.arange(count, dtype=np.int64)
+    pi = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_PICK, int(cache)])).permutation(size) if shuffle else np.arange(size)
+    ids = pi[pos % size]
+    copy = (pos - start) // size
+    if count == size and start % size == 0 and not shuffle:
+        return ids
+    rank = np.empty(size, np.int64)
+    rank[epoch_order(shard_counts, seed, pass_epoch(epoch, cache, caches), shuffle, window)] = np.arange(size, dtype=np.int64)
+    return ids[np.argsort(copy * size + rank[ids], kind="stable")]
 
 
 def interleave(counts: np.ndarray, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
@@ -87,5 +101,5 @@ def mixture_order(shard_counts: Sequence[np.ndarray], counts: np.ndarray, before
     order = np.empty(len(which), np.int64)
     for c in range(caches):
         if counts[c] > 0:
-            order[which == c] = offsets[c] + cache_draws(shard_counts[c], seed, c, caches, int(before[c]), int(counts[c]), shuffle, window)
+            order[which == c] = offsets[c] + cache_draws(shard_counts[c], seed, c, caches, epoch, int(before[c]), int(counts[c]), shuffle, window)
     return order

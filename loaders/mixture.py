@@ -7,7 +7,7 @@ mix = Mixture({"n20": "/c/n20", "n35": "/c/n35", "n50": "/c/n50"},
                         Stage((2, 4), {"n20": 1, "n35": 3}),
                         Stage((4, None), {"n20": 1, "n35": 1, "n50": 2})])
 stream = ShardStream(mix, view="twins", batch_size=4096, compact=True)
-ShardStream(["/c/a", "/c/b"], view="graphs")           # shorthand: every record of each, once per epoch
+ShardStream(["/c/a", "/c/b"], view="graphs")           # shorthand (or a dict): every record of each, once per epoch
 ShardStream(Mixture(["/c/a", "/c/b"], weights=[0.8, 0.2], epoch_size=50_000), view="graphs")
 ```
 
@@ -271,9 +271,10 @@ class OpenMixture:
 
 
 def open_mixture(root: Any, remote: RemoteOptions | None = None) -> OpenMixture | None:
-    """The opened mixture when ``root`` is a :class:`Mixture` or a list/tuple of roots, else ``None`` (one cache)."""
+    """The opened mixture when ``root`` is a :class:`Mixture`, a list/tuple of roots or a dict
+    ``{name: root}`` (each record once per epoch), else ``None`` (one cache)."""
     if isinstance(root, Mixture):
         return OpenMixture(root, remote)
-    if isinstance(root, (list, tuple)):
-        return OpenMixture(Mixture(list(root)), remote)
+    if isinstance(root, (list, tuple, Mapping)):
+        return OpenMixture(Mixture(root), remote)
     return None

@@ -96,7 +96,7 @@ class ShardStream(IterableDataset):
         root: cache directory (holds ``manifest.json``), a ``file://`` URL, or a remote
             cache URL: ``http(s)://...`` or any fsspec URL (``s3://bucket/prefix``).
             Or several caches of one kind: a :class:`loaders.Mixture` (weights per
-            epoch, or a schedule of them), or a list of roots (each record once per
+            epoch, or a schedule of them), or a list (or dict by name) of roots (each record once per
             epoch); see :mod:`loaders.mixture`.
         view: ``"records"`` (any cache), ``"graphs"``, ``"twins"`` (causal), or a
             name added with :func:`loaders.views.register_view`.
@@ -124,7 +124,7 @@ class ShardStream(IterableDataset):
 
     def __init__(
         self,
-        root: str | Path | Mixture | list[str | Path],
+        root: str | Path | Mixture | list[str | Path] | dict[str, str | Path],
         view: str = "records",
         batch_size: int = 256,
         *,
