@@ -37,7 +37,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from cachebuild.format.manifest import FieldSchema, Manifest, read_manifest
 from loaders.mixplan import mixture_order
 from loaders.plan import EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
-from loaders.schedule import Stage, Weights, check_schedule, check_weights, draws_before, epoch_counts, stage_at
+from loaders.schedule import Stage, Weights, check_schedule, draws_before, stage_at, stage_counts
 from loaders.shards import LocalFiles, Locator, RemoteFiles, ShardSet, check_shard_files, local_path
 from loaders.state import PlanConfig, cache_fingerprint
 
@@ -116,6 +116,10 @@ class Mixture:
         return list(self.caches)
 
     @property
+    def roots(self) -> list[str]:
+        return list(cast(Mapping[str, str], self.caches).values())
+
+    @property
     def stages(self) -> tuple[Stage, ...]:
         return tuple(self.schedule or ())
 
@@ -182,7 +186,7 @@ class OpenMixture:
     def __init__(self, spec: Mixture, remote: RemoteOptions | None = None):
         self.spec = spec
         self.names = spec.names
-        self.roots = list(spec.caches.values())
+        self.roots = spec.roots
         self.remote = remote if remote is not None else (RemoteOptions() if any(is_remote(r) for r in self.roots) else None)
         self.manifests = [self._read(r) for r in self.roots]
         self.label = "mixture(" + ", ".join(f"{n}={r}" for n, r in zip(self.names, self.roots)) + ")"
@@ -203,7 +207,7 @@ class OpenMixture:
 
     def _check_nonempty(self) -> None:
         for i, s in enumerate(self.spec.stages):
-            counts = epoch_counts(s.weights, self.records, s.epoch_size)
+            counts = stage_counts(s, self.records)
             empty = [n for n, k, r in zip(self.names, counts.tolist(), self.records.tolist()) if k > 0 and r == 0]
             if empty:
                 raise ConfigError(f"Mixture: schedule stage {i} draws records from cache {empty[0]!r}, which holds none")
@@ -222,8 +226,7 @@ class OpenMixture:
 
     def counts(self, epoch: int) -> np.ndarray:
         """Records of each cache in ``epoch``, int64 ``[caches]``."""
-        s = self.spec.stages[stage_at(self.spec.stages, epoch)]
-        return epoch_counts(s.weights, self.records, s.epoch_size)
+        return stage_counts(self.spec.stages[stage_at(self.spec.stages, epoch)], self.records)
 
     def order(self, epoch: int, seed: int, shuffle: bool, window: int | None) -> np.ndarray:
         """Union record ids of ``epoch`` in order (:func:`loaders.mixplan.mixture_order`)."""

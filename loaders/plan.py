@@ -283,18 +283,8 @@ class EpochPlan:
         return cls.from_order(order, items_per_record, batch_size, seed, epoch, shuffle, drop_last, mix, chunk)
 
     @classmethod
-    def from_order(
-        cls,
-        order: np.ndarray,
-        items_per_record: np.ndarray | None,
-        batch_size: int,
-        seed: int,
-        epoch: int,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        mix: int | None = None,
-        chunk: int = 1,
-    ) -> "EpochPlan":
+    def from_order(cls, order: np.ndarray, items_per_record: np.ndarray | None, batch_size: int, seed: int, epoch: int,
+                   shuffle: bool = True, drop_last: bool = False, mix: int | None = None, chunk: int = 1) -> "EpochPlan":
         """Plan an epoch whose record order is given (record ids, repeats allowed: a mixture's,
         :mod:`loaders.mixplan`); everything else as :meth:`build`."""
         order = np.asarray(order, dtype=np.int64)

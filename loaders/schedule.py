@@ -36,7 +36,7 @@ import numpy as np
 
 from cachebuild.errors import ConfigError
 
-__all__ = ["Stage", "Weights", "check_weights", "epoch_counts", "check_schedule", "stage_at", "draws_before"]
+__all__ = ["Stage", "Weights", "check_weights", "epoch_counts", "check_schedule", "stage_counts", "stage_at", "draws_before"]
 
 Weights = Mapping[str, float] | Sequence[float] | None
 """Weights by cache name (missing names weigh 0), or one per cache in order; ``None``: the caches' sizes."""
@@ -94,14 +94,12 @@ def check_weights(weights: Weights, names: Sequence[str], where: str = "weights"
     return tuple(out)
 
 
-def epoch_counts(weights: Sequence[float] | None, records: Sequence[int], epoch_size: int | None = None) -> np.ndarray:
+def epoch_counts(weights: Sequence[float] | None, records: Sequence[int] | np.ndarray, epoch_size: int | None = None) -> np.ndarray:
     """Records of each cache in one epoch, int64 ``[caches]`` (the rule of the module docstring)."""
-    records = np.asarray(records, dtype=np.int64)
-    if weights is None:
-        weights = [float(r) for r in records.tolist()]
-    w = [Fraction(x) for x in weights]
+    sizes = [int(r) for r in np.asarray(records, dtype=np.int64).tolist()]
+    w = [Fraction(float(x)) for x in (sizes if weights is None else weights)]
     if epoch_size is None:
-        epoch_size = int(sum(r for r, x in zip(records.tolist(), w) if x > 0))
+        epoch_size = int(sum(r for r, x in zip(sizes, w) if x > 0))
     total = sum(w)
     quota = [x * epoch_size / total for x in w]
     counts = [math.floor(q) for q in quota]
@@ -151,6 +149,13 @@ def _span(s: Stage) -> str:
     return f"{s.first}.." if s.end is None else f"{s.first}..{s.end - 1}"
 
 
+def stage_counts(stage: Stage, records: Sequence[int] | np.ndarray) -> np.ndarray:
+    """:func:`epoch_counts` of a checked stage (its weights one float per cache, or ``None``)."""
+    if isinstance(stage.weights, Mapping):
+        raise ConfigError("stage_counts needs a checked stage (check_schedule), not weights by name")
+    return epoch_counts(stage.weights, records, stage.epoch_size)
+
+
 def stage_at(stages: Sequence[Stage], epoch: int) -> int:
     """Index of the stage that holds ``epoch`` (checked stages); a :class:`ConfigError` past a closed schedule's end."""
     for i, s in enumerate(stages):
@@ -159,12 +164,12 @@ def stage_at(stages: Sequence[Stage], epoch: int) -> int:
     raise ConfigError(f"schedule: epoch {epoch} is past the last stage (epochs {_span(stages[-1])}); make the last stage open-ended: epochs=({stages[-1].first}, None)")
 
 
-def draws_before(stages: Sequence[Stage], records: Sequence[int], epoch: int) -> np.ndarray:
+def draws_before(stages: Sequence[Stage], records: Sequence[int] | np.ndarray, epoch: int) -> np.ndarray:
     """Records drawn from each cache's stream by the epochs before ``epoch``, int64 ``[caches]`` (O(stages))."""
     total = np.zeros(len(records), np.int64)
     for s in stages:
         if s.first >= epoch:
             break
         last = epoch if s.end is None else min(epoch, s.end)
-        total += epoch_counts(s.weights, records, s.epoch_size) * (last - s.first)
+        total += stage_counts(s, records) * (last - s.first)
     return total
