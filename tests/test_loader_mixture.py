@@ -251,3 +251,26 @@ def test_caches_that_cannot_be_read_as_one_are_refused(levels, tmp_path):
         with pytest.raises(ConfigError, match=match):
             ShardStream(Mixture(caches), view="records", batch_size=4)
         assert _listing(roots) == before
+
+
+def test_plain_dataloader_workers_follow_the_schedule(levels):
+    import torch
+
+    s = ShardStream(Mixture(levels, schedule=SCHEDULE), view="graphs", batch_size=16, seed=0)
+    loader = torch.utils.data.DataLoader(s, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in range(5):  # the workers advance the epoch themselves, and plan it from the schedule
+        ids = _real([batch_ids(b) for b in loader])
+        assert np.bincount(s.mixture.cache_of(np.array(ids)), minlength=3).tolist() == s.mixture.counts(epoch).tolist()
+        assert max(Counter(ids).values()) == (1 if epoch < 2 else 2)  # 'small' read once; then 'mid' (70 of 50), 'big' (53 of 30) repeat
+
+
+def test_a_remote_cache_mixes_with_a_local_one(levels, tmp_path):
+    from loaders.remote import RemoteOptions
+    from remote_fixtures import serve_folder
+
+    with serve_folder(Path(levels["mid"])) as (url, _):
+        m = Mixture({"small": levels["small"], "mid": url})
+        s = ShardStream(m, view="graphs", batch_size=16, seed=1, remote=RemoteOptions(cache_dir=str(tmp_path / "fetched")))
+        ids = _real(_epoch_rows(s, 0))
+        local = _real(_epoch_rows(ShardStream({"small": levels["small"], "mid": levels["mid"]}, view="graphs", batch_size=16, seed=1), 0))
+    assert ids == local and sorted(ids) == list(range(140))
