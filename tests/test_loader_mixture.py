@@ -16,7 +16,7 @@ from loader_fixtures import padded
 from loaders import Mixture, ShardStream, Stage, make_loader
 from loaders.mixplan import cache_draws, mixture_order
 from loaders.plan import epoch_order
-from loaders.schedule import check_schedule, draws_before, epoch_counts
+from loaders.schedule import check_schedule, draws_before, epoch_counts, stage_at, stage_counts
 from mixture_fixtures import LEVELS, batch_ids, build_level, levels, union_reference  # noqa: F401
 
 SIZES = [v[2] for v in LEVELS.values()]  # 90, 50, 30
@@ -77,6 +77,36 @@ def test_schedule_draws_continue_across_stages():
     assert draws_before(stages, [30, 8], 0).tolist() == [0, 0]
     assert draws_before(stages, [30, 8], 2).tolist() == [60, 0]  # stage 0: every record of a, epoch_size 30
     assert draws_before(stages, [30, 8], 4).tolist() == [70, 10]
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=4), st.lists(st.tuples(st.integers(1, 3), st.lists(st.integers(0, 5), min_size=4, max_size=4),
+       st.one_of(st.none(), st.integers(1, 90))), min_size=1, max_size=4), st.integers(0, 2**31), st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_mixture_orders_follow_their_schedule(sizes, stages, seed, shuffle):
+    names = [f"c{i}" for i in range(len(sizes))]
+    built, first = [], 0
+    for length, weights, size in stages:
+        w = [x if sizes[i] else 0 for i, x in enumerate(weights[: len(sizes)])]
+        if sum(w) == 0:
+            return
+        built.append(Stage((first, first + length), w, size))
+        first += length
+    checked = check_schedule(built, names)
+    shard_counts = [np.array([n // 2, n - n // 2]) for n in sizes]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    for epoch in range(first):
+        counts = stage_counts(checked[stage_at(checked, epoch)], sizes)
+        before = draws_before(checked, sizes, epoch)
+        assert np.array_equal(draws_before(checked, sizes, epoch + 1) - before, counts)
+        if counts.sum() == 0:
+            continue
+        order = mixture_order(shard_counts, counts, before, seed, epoch, shuffle)
+        cache = np.searchsorted(offsets, order, side="right") - 1
+        assert np.array_equal(np.bincount(cache, minlength=len(sizes)), counts)
+        for c, n in enumerate(sizes):  # each record of a cache count // size or one more times
+            if counts[c]:
+                per = np.bincount(order[cache == c] - offsets[c], minlength=n)
+                assert per.min() >= counts[c] // n and per.max() <= -(-counts[c] // n)
 
 
 # ---- the stream
