@@ -4,9 +4,9 @@
 
 Builds (once, under ``--dir``) three causal caches of ``graphs`` graphs each
 (the default recipe, seeds 1-3) and one cache of ``3 x graphs`` graphs, then
-reads a whole epoch of each reader in a fresh process, alternating one cache,
-mixture, one cache, mixture, ... (``--rounds`` each), so machine drift hits
-both alike. Readers: the ``twins`` view (compact, the trainers' default) and
+reads ``--epochs`` whole epochs of each reader in a fresh process (the best
+epoch counts), alternating one cache, mixture, one cache, mixture, ...
+(``--rounds`` each), so machine drift hits both alike. Readers: the ``twins`` view (compact, the trainers' default) and
 the ``graphs`` view, iterated in the main process with one decode thread
 (no DataLoader workers: what is measured is the stream, plan included).
 The mixture uses weights 1:1:1 with the default epoch size, so both read the
@@ -33,19 +33,23 @@ _CHILD = r"""
 import json, sys, time
 sys.path.insert(0, {repo!r})
 from loaders import Mixture, ShardStream
-kind, view, batch, options, roots, epoch = {args!r}
+kind, view, batch, options, roots, epoch, epochs = {args!r}
 root = Mixture(roots, weights=[1, 1, 1]) if kind == "mixture" else roots
 s = ShardStream(root, view=view, batch_size=batch, seed=0, decode_threads=1, **options)
 s.set_epoch(0)
 for b in s:  # warm: page cache, plan code paths
     break
-s.set_epoch(epoch)
-t = time.perf_counter()
-rows = 0
-for b in s:
-    rows += int((~b["is_pad"]).sum())
-dt = time.perf_counter() - t
-print(json.dumps({{"rows": rows, "seconds": dt, "rate": rows / dt}}))
+best = None
+for e in range(epoch, epoch + epochs):  # the best of a few epochs: a neighbour's burst on a shared machine hits one, not all
+    s.set_epoch(e)
+    t = time.perf_counter()
+    rows = 0
+    for b in s:
+        rows += int((~b["is_pad"]).sum())
+    dt = time.perf_counter() - t
+    if best is None or rows / dt > best["rate"]:
+        best = {{"rows": rows, "seconds": dt, "rate": rows / dt}}
+print(json.dumps(best))
 """
 
 
@@ -57,9 +61,9 @@ def build(folder: Path, graphs: int, seed: int) -> str:
     return str(folder)
 
 
-def measure(kind: str, reader: str, roots, epoch: int) -> dict:
+def measure(kind: str, reader: str, roots, epoch: int, epochs: int) -> dict:
     view, batch, options = READERS[reader]
-    code = _CHILD.format(repo=str(REPO), args=(kind, view, batch, options, roots, epoch))
+    code = _CHILD.format(repo=str(REPO), args=(kind, view, batch, options, roots, epoch, epochs))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(r.stderr)
@@ -71,6 +75,7 @@ def main() -> None:
     ap.add_argument("--dir", default="/dev/shm/cachebuild-bench-mixture")
     ap.add_argument("--graphs", type=int, default=3000, help="graphs per mixed cache (the single cache holds 3x)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=3, help="epochs per run; a run reports its best")
     ap.add_argument("--readers", default="twins,graphs")
     ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args()
@@ -82,7 +87,7 @@ def main() -> None:
         rates: dict[str, list[float]] = {"single": [], "mixture": []}
         for r in range(args.rounds):
             for kind, roots in (("single", single), ("mixture", mixed)):
-                res = measure(kind, reader, roots, epoch=r + 1)
+                res = measure(kind, reader, roots, epoch=1 + r * args.epochs, epochs=args.epochs)
                 rates[kind].append(res["rate"])
                 print(f"{reader} round {r} {kind}: {res['rate']:,.0f} rows/s ({res['rows']:,} rows in {res['seconds']:.2f} s)", flush=True)
         one, mix = statistics.median(rates["single"]), statistics.median(rates["mixture"])
@@ -90,7 +95,8 @@ def main() -> None:
         rows.append((f"{reader}: mixture of 3 caches of {args.graphs:,} graphs, rows/s (median of {args.rounds})", f"{mix:,.0f}"))
         rows.append((f"{reader}: mixture / one cache", f"{mix / one:.3f}"))
         notes.append(f"{reader} runs, rows/s: one cache {[round(x) for x in rates['single']]}, mixture {[round(x) for x in rates['mixture']]}")
-    notes.append("each run a fresh process reading one whole epoch in the main process (decode_threads=1, no workers), plan included; one cache and mixture alternated")
+    notes.append(f"each run a fresh process reading {args.epochs} whole epochs in the main process (decode_threads=1, no workers, plan included) "
+                 "and reporting its best epoch; one cache and mixture alternated; the machine's 2 cores are shared with other work, so single runs swing up to 3x")
     for k, v in rows:
         print(f"{k}: {v}")
     if not args.no_append:

@@ -131,6 +131,17 @@ def test_default_mixture_reads_every_record_of_every_cache_once(levels, view, ba
         assert graphs == set(range(sum(SIZES)))
 
 
+def test_a_mixture_of_one_cache_gives_the_batches_of_the_cache(levels):
+    from loader_fixtures import all_batches_equal
+
+    for epoch in (0, 3):
+        one = ShardStream([levels["mid"]], view="twins", batch_size=640, seed=9, compact=True)
+        plain = ShardStream(levels["mid"], view="twins", batch_size=640, seed=9, compact=True)
+        one.set_epoch(epoch)
+        plain.set_epoch(epoch)
+        assert all_batches_equal(list(one), list(plain))
+
+
 def test_weights_give_the_counts_per_epoch_and_per_batch(levels):
     m = Mixture(levels, weights={"small": 1, "mid": 2, "big": 1}, epoch_size=200)
     s = ShardStream(m, view="graphs", batch_size=20, seed=3)
