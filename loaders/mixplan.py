@@ -35,7 +35,7 @@ import numpy as np
 
 from loaders.plan import DEFAULT_WINDOW, epoch_order
 
-__all__ = ["pass_epoch", "cache_draws", "interleave", "mixture_order"]
+__all__ = ["pass_epoch", "cache_draws", "merge_permutation", "interleave", "mixture_order"]
 
 _TAG_MIX = 0x6D6978
 _TAG_PICK = 0x7069636B
@@ -64,26 +64,33 @@ def cache_draws(shard_counts: np.ndarray, seed: int, cache: int, caches: int, ep
         return np.zeros(0, np.int64)
     if size == 0:
         raise ValueError(f"cache {cache} has no records to draw {count} from")
-    pos = start + np.arange(count, dtype=np.int64)
-    pi = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_PICK, int(cache)])).permutation(size) if shuffle else np.arange(size)
-    ids = pi[pos % size]
-    copy = (pos - start) // size
-    if count == size and start % size == 0 and not shuffle:
-        return ids
-    rank = np.empty(size, np.int64)
-    rank[epoch_order(shard_counts, seed, pass_epoch(epoch, cache, caches), shuffle, window)] = np.arange(size, dtype=np.int64)
-    return ids[np.argsort(copy * size + rank[ids], kind="stable")]
+    q, r = divmod(count, size)
+    rank_order = epoch_order(shard_counts, seed, pass_epoch(epoch, cache, caches), shuffle, window)
+    parts = [np.tile(rank_order, q)] if q else []  # copies 0..q-1: every record, in the cache's epoch order
+    if r:  # copy q: the r records at positions start + q*size ... of the cycle, in the same order (a filter, no sort)
+        pi = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_PICK, int(cache)])).permutation(size) if shuffle else np.arange(size)
+        picked = np.zeros(size, bool)
+        picked[pi[(start + q * size + np.arange(r, dtype=np.int64)) % size]] = True
+        parts.append(rank_order[picked[rank_order]])
+    return np.concatenate(parts).astype(np.int64, copy=False)
+
+
+def merge_permutation(counts: np.ndarray, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """Where each position of the epoch order comes from, in the caches' draws concatenated (cache 0's,
+    then cache 1's, ...), int64 ``[sum(counts)]`` (step 2 of the module docstring)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if not shuffle or int((counts > 0).sum()) < 2:
+        return np.arange(total, dtype=np.int64)
+    u = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), _TAG_MIX])).random(len(counts))
+    keys = np.concatenate([(np.arange(n, dtype=np.float64) + u[c]) / n for c, n in enumerate(counts.tolist()) if n > 0])
+    return np.argsort(keys, kind="stable").astype(np.int64, copy=False)
 
 
 def interleave(counts: np.ndarray, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The cache of every position of the epoch order, int64 ``[sum(counts)]`` (step 2 of the module docstring)."""
+    """The cache of every position of the epoch order, int64 ``[sum(counts)]``."""
     counts = np.asarray(counts, dtype=np.int64)
-    src = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    if not shuffle or len(counts) < 2:
-        return src
-    u = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), _TAG_MIX])).random(len(counts))
-    keys = np.concatenate([(np.arange(n, dtype=np.float64) + u[c]) / n for c, n in enumerate(counts.tolist()) if n > 0]) if src.size else np.zeros(0)
-    return src[np.argsort(keys, kind="stable")]
+    return np.repeat(np.arange(len(counts), dtype=np.int64), counts)[merge_permutation(counts, seed, epoch, shuffle)]
 
 
 def mixture_order(shard_counts: Sequence[np.ndarray], counts: np.ndarray, before: np.ndarray, seed: int, epoch: int,
@@ -97,9 +104,6 @@ def mixture_order(shard_counts: Sequence[np.ndarray], counts: np.ndarray, before
     caches = len(shard_counts)
     sizes = np.array([int(np.sum(s)) for s in shard_counts], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    which = interleave(counts, seed, epoch, shuffle)
-    order = np.empty(len(which), np.int64)
-    for c in range(caches):
-        if counts[c] > 0:
-            order[which == c] = offsets[c] + cache_draws(shard_counts[c], seed, c, caches, epoch, int(before[c]), int(counts[c]), shuffle, window)
-    return order
+    draws = [offsets[c] + cache_draws(shard_counts[c], seed, c, caches, epoch, int(before[c]), int(counts[c]), shuffle, window)
+             for c in range(caches)]
+    return np.concatenate(draws)[merge_permutation(counts, seed, epoch, shuffle)]
