@@ -206,6 +206,9 @@ def test_order_is_independent_of_workers_and_resumes_exactly(levels, nw):
         if k == 4:
             state = loader.state_dict()
     assert got == ref
+    for ids, pad in ref[:-1]:  # well mixed: a batch's rows come from many graphs of every cache
+        graphs = np.unique([g for g, _, _ in ids])
+        assert len(graphs) >= 30 and set(s.mixture.cache_of(graphs).tolist()) == {0, 1, 2}
     s2 = ShardStream(Mixture(levels, weights=[1, 1, 1], epoch_size=150), view="twins", batch_size=500, seed=4, compact=True)
     s2.load_state_dict(state)
     assert [batch_ids(b) for b in s2] == ref[5:]
@@ -303,6 +306,28 @@ def test_plain_dataloader_workers_follow_the_schedule(levels):
         ids = _real([batch_ids(b) for b in loader])
         assert np.bincount(s.mixture.cache_of(np.array(ids)), minlength=3).tolist() == s.mixture.counts(epoch).tolist()
         assert max(Counter(ids).values()) == (1 if epoch < 2 else 2)  # 'small' read once; then 'mid' (70 of 50), 'big' (53 of 30) repeat
+
+
+def test_loader_state_of_a_plain_dataloader_resumes_a_mixture(levels):
+    import torch
+
+    from loaders import loader_state
+
+    def stream():
+        return ShardStream(Mixture(levels, schedule=SCHEDULE), view="graphs", batch_size=16, seed=0)
+
+    s = stream()
+    s.set_epoch(2)
+    ref = [batch_ids(b) for b in s]
+    loader = torch.utils.data.DataLoader(stream(), batch_size=None, num_workers=2, persistent_workers=True)
+    loader.dataset.set_epoch(2)
+    it = iter(loader)
+    head = [batch_ids(next(it)) for _ in range(5)]
+    state = loader_state(loader)
+    assert head == ref[:5] and state["epoch"] == 2 and state["mixture"]["caches"][2]["name"] == "big"
+    s2 = stream()
+    s2.load_state_dict(state)
+    assert [batch_ids(b) for b in s2] == ref[5:]
 
 
 def test_a_remote_cache_mixes_with_a_local_one(levels, tmp_path):
