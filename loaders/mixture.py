@@ -43,6 +43,7 @@ import numpy as np
 
 from cachebuild.errors import CacheMismatchError, ConfigError
 from cachebuild.format.manifest import FieldSchema, Manifest, read_manifest
+from cachebuild.format.shard_writer import record_key
 from loaders.mixplan import mixture_order
 from loaders.plan import EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
@@ -50,7 +51,7 @@ from loaders.schedule import Stage, Weights, check_schedule, draws_before, stage
 from loaders.shards import LocalFiles, Locator, RemoteFiles, ShardSet, check_shard_files, local_path
 from loaders.state import PlanConfig, cache_fingerprint
 
-__all__ = ["Mixture", "Stage", "OpenMixture", "UnionFiles", "union_manifest", "open_mixture"]
+__all__ = ["Mixture", "Stage", "OpenMixture", "UnionFiles", "UnionShardSet", "union_manifest", "open_mixture"]
 
 T = TypeVar("T")
 
@@ -148,6 +149,16 @@ class UnionFiles:
             part.close()
 
 
+class UnionShardSet(ShardSet):
+    """The union's :class:`ShardSet`; its messages name a record by its key in its own cache
+    (``cache/shard-...tar, record 0000000005``), not by its union id."""
+
+    def where(self, record: int, field_name: str) -> str:
+        s, local = self.locate(np.array([record]))
+        entry = self.manifest.shards[int(s[0])]
+        return f"shard {entry.name}, record {record_key(entry.first_record + int(local[0]))} (union record {record}), field '{field_name}'"
+
+
 def _check_compatible(names: Sequence[str], manifests: Sequence[Manifest]) -> None:
     """One :class:`ConfigError` naming both caches when two manifests cannot be read as one cache."""
     a, m0 = names[0], manifests[0]
@@ -222,7 +233,7 @@ class OpenMixture:
         ]
         cache = np.repeat(np.arange(len(parts)), [len(m.shards) for m in self.manifests])
         local = np.concatenate([np.arange(len(m.shards)) for m in self.manifests]).astype(np.int64)
-        return ShardSet(self.manifest, self.label, verify, locator=UnionFiles(parts, cache, local, self.label))
+        return UnionShardSet(self.manifest, self.label, verify, locator=UnionFiles(parts, cache, local, self.label))
 
     def counts(self, epoch: int) -> np.ndarray:
         """Records of each cache in ``epoch``, int64 ``[caches]``."""

@@ -330,6 +330,28 @@ def test_loader_state_of_a_plain_dataloader_resumes_a_mixture(levels):
     assert [batch_ids(b) for b in s2] == ref[5:]
 
 
+def test_a_corrupt_record_is_named_by_its_own_cache_and_key(levels, tmp_path):
+    import shutil
+
+    from cachebuild.errors import ShardCorruptError
+    from cachebuild.format import read_manifest
+
+    mid = tmp_path / "mid"
+    shutil.copytree(levels["mid"], mid)
+    m = read_manifest(mid)
+    e = m.shards[1]
+    idx = np.load(mid / e.index)
+    entry = idx[1, m.field_names.index("base")]
+    with open(mid / e.name, "r+b") as fh:  # flip a byte inside record e.first_record + 1's payload
+        fh.seek(int(entry["offset"]) + int(entry["size"]) // 2)
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 0x5A]))
+    s = ShardStream({"small": levels["small"], "mid": str(mid)}, view="graphs", batch_size=50, shuffle=False)
+    with pytest.raises(ShardCorruptError, match=rf"shard mid/{e.name}, record {e.first_record + 1:010d} \(union record {90 + e.first_record + 1}\)"):
+        list(s)
+
+
 def test_a_remote_cache_mixes_with_a_local_one(levels, tmp_path):
     from loaders.remote import RemoteOptions
     from remote_fixtures import serve_folder
