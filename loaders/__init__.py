@@ -24,7 +24,9 @@ shared-memory buffers between workers and the main process), :mod:`~loaders.stre
 pass runs: the next one, unless ``set_epoch``/``load_state_dict`` said
 otherwise), :mod:`~loaders.device` (``to_device``), :mod:`~loaders.monitor`
 and :mod:`~loaders.monitor_out` (the stall monitor and its outputs),
-:mod:`~loaders.lightning` (a Lightning datamodule; imports Lightning). Only
+:mod:`~loaders.lightning` (a Lightning datamodule; imports Lightning),
+:mod:`~loaders.mixture`, :mod:`~loaders.schedule` and :mod:`~loaders.mixplan`
+(several caches in one stream: weights, schedules). Only
 ``cachebuild.format``, ``cachebuild.errors`` and ``cachebuild.checks`` are
 imported from cachebuild (and nothing in cachebuild imports loaders but the
 ``cachebuild bench`` command, lazily). :mod:`~loaders.bench` is the loader's
@@ -45,6 +47,7 @@ from typing import Any
 from loaders.batch import Batch, PackedBatch
 from loaders.device import to_device
 from loaders.loader import StreamLoader, loader_state, make_loader
+from loaders.mixture import Mixture, Stage
 from loaders.state import PlanConfig
 from loaders.stream import ShardStream
 from loaders.views import VIEWS, View, expand_compact, register_view
@@ -52,6 +55,8 @@ from loaders.world import World
 
 __all__ = [
     "ShardStream",
+    "Mixture",
+    "Stage",
     "make_loader",
     "loader_state",
     "to_device",

@@ -175,7 +175,7 @@ def refresh(stream: "ShardStream") -> int:
     (one ``broadcast_object_list``; rank 0 holds its lease first), so all ranks
     plan the same epoch: every rank must start the epoch, as DDP does.
     """
-    if stream.remote is not None:
+    if stream.remote is not None or stream.mixture is not None:  # a mixture reads its caches as opened (docs/mixtures.md)
         return stream.generation
     dist = _distributed(stream)
     newest, opened = stream.generation, None

@@ -254,6 +254,14 @@ class EpochPlan:
         ``chunk`` items of a record stay together. ``None``: record after record.
         """
         order = epoch_order(counts, seed, epoch, shuffle, window)
+        return cls.from_order(order, items_per_record, batch_size, seed, epoch, shuffle, drop_last, mix, chunk)
+
+    @classmethod
+    def from_order(cls, order: np.ndarray, items_per_record: np.ndarray | None, batch_size: int, seed: int, epoch: int,
+                   shuffle: bool = True, drop_last: bool = False, mix: int | None = None, chunk: int = 1) -> "EpochPlan":
+        """Plan an epoch whose record order is given (record ids, repeats allowed: a mixture's,
+        :mod:`loaders.mixplan`); everything else as :meth:`build`."""
+        order = np.asarray(order, dtype=np.int64)
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1 items, got {chunk}")
         pools = pool_items = None

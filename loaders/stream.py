@@ -39,6 +39,7 @@ from cachebuild.format.generations import Lease, generation_of
 from cachebuild.format.reader import ShardSet, check_shard_files, local_path
 from loaders.batch import Batch, Layout, PackedBatch
 from loaders.generations import open_newest, refresh, use_generation
+from loaders.mixture import Mixture, OpenMixture, open_mixture
 from loaders.passes import Control, Progress
 from loaders.plan import DEFAULT_WINDOW, EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
@@ -96,6 +97,9 @@ class ShardStream(IterableDataset):
     Args:
         root: cache directory (holds ``manifest.json``), a ``file://`` URL, or a remote
             cache URL: ``http(s)://...`` or any fsspec URL (``s3://bucket/prefix``).
+            Or several caches of one kind: a :class:`loaders.Mixture` (weights per
+            epoch, or a schedule of them), or a list (or dict by name) of roots (each record once per
+            epoch); see :mod:`loaders.mixture`.
         view: ``"records"`` (any cache), ``"graphs"``, ``"twins"`` (causal), or a
             name added with :func:`loaders.views.register_view`.
         batch_size: rows per batch (graphs, twin rows, records).
@@ -122,7 +126,7 @@ class ShardStream(IterableDataset):
 
     def __init__(
         self,
-        root: str | Path,
+        root: str | Path | Mixture | list[str | Path] | dict[str, str | Path],
         view: str = "records",
         batch_size: int = 256,
         *,
@@ -142,24 +146,14 @@ class ShardStream(IterableDataset):
             raise ValueError(f"seed must be >= 0, got {seed}")
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 shards or None, got {window}")
-        self.remote: RemoteOptions | None = None
-        self.root: Path | str
-        self._lease: Lease | None = None  # on the generation read (a growing cache, loaders.generations)
-        if is_remote(root):
-            self.root = str(root).rstrip("/")
-            self.remote = remote if remote is not None else RemoteOptions()
-            self.manifest = fetch_manifest(self.root, self.remote)  # shards: sizes and sha256 checked on arrival
-        else:
-            self.root = local_path(root)
-            self.manifest, self._lease = open_newest(self.root)
-            check_shard_files(self.manifest, self.root)
+        self._open_root(root, remote)
         self.generation = generation_of(self.manifest)
         self._view_options = dict(view_options)
         self._warned_generations: set[int] = set()
         self._manifest_seen: tuple[tuple[int, int, int], int] | None = None  # manifest.json's (inode, mtime, size) and generation
         self.view = make_view(view, self.manifest, batch_size, **view_options)
         self.config = PlanConfig(view, batch_size, shuffle, seed, window, drop_last, self.view.options())
-        self.fingerprint = cache_fingerprint(self.manifest)
+        self.fingerprint = self.mixture.fingerprint if self.mixture is not None else cache_fingerprint(self.manifest)
         self.verify = verify
         probe = self._new_shard_set()  # views that need shapes read the indexes only
         try:
@@ -169,10 +163,7 @@ class ShardStream(IterableDataset):
         self.layout: Layout = self.view.layout()
         self._spec = self.layout.spec()
         self._counts = np.array([s.records for s in self.manifest.shards], dtype=np.int64)
-        if world_size is not None and (isinstance(world_size, bool) or int(world_size) < 1):
-            raise ValueError(f"world_size must be >= 1, got {world_size!r}")
-        if rank is not None and (isinstance(rank, bool) or int(rank) < 0 or (world_size is not None and int(rank) >= int(world_size))):
-            raise ValueError(f"rank {rank!r} is not in a world of {world_size if world_size is not None else 'torch.distributed'} ranks (0 <= rank < world_size)")
+        _check_rank(rank, world_size)
         self._rank, self._world_size = rank, world_size
         self._decode_threads = decode_threads
         self._progress = Progress()
@@ -187,6 +178,24 @@ class ShardStream(IterableDataset):
         self.slot_rings: SlotRings | None = None  # set by a loader with workers (see loaders.slots)
 
     # ---- pickling (DataLoader workers): no open files, no cached plan
+
+    def _open_root(self, root: Any, remote: RemoteOptions | None) -> None:
+        """Set ``mixture``, ``root``, ``manifest``, ``remote`` and the generation lease from what the user passed."""
+        self.remote: RemoteOptions | None = None
+        self.root: Path | str
+        self._lease: Lease | None = None  # on the generation read (a growing cache, loaders.generations)
+        self.mixture: OpenMixture | None = open_mixture(root, remote)
+        if self.mixture is not None:  # several caches read as one (loaders.mixture); not re-read per generation
+            self.root, self.manifest, self.remote = self.mixture.label, self.mixture.manifest, self.mixture.remote
+        elif is_remote(root):
+            self.root = str(root).rstrip("/")
+            self.remote = remote if remote is not None else RemoteOptions()
+            self.manifest = fetch_manifest(self.root, self.remote)  # shards: sizes and sha256 checked on arrival
+        else:
+            self.root = local_path(root)
+            self.manifest, self._lease = open_newest(self.root)
+            check_shard_files(self.manifest, self.root)
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_reader"], state["_reader_pid"], state["_plan_cache"] = None, -1, None
@@ -198,8 +207,11 @@ class ShardStream(IterableDataset):
         epoch = self._progress.epoch if epoch is None else epoch
         if self._plan_cache is None or self._plan_cache[0] != (self.generation, epoch):
             c = self.config
-            plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last,
-                                   self.view.mix, self.view.chunk)
+            if self.mixture is not None:
+                plan = self.mixture.plan(epoch, self.items_per_record, c, self.view.mix, self.view.chunk)
+            else:
+                plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last,
+                                       self.view.mix, self.view.chunk)
             self._plan_cache = ((self.generation, epoch), plan)
         return self._plan_cache[1]
 
@@ -251,7 +263,7 @@ class ShardStream(IterableDataset):
                 "batches it handed to the trainer; take the state from the loader instead: loaders.loader_state(dataloader) "
                 "(persistent workers), or build the loader with loaders.make_loader(stream) and call its state_dict()"
             )
-        return make_state(p.epoch, p.position, self.config, self.fingerprint, p.world_size, p.batches, self.generation)
+        return self._stamp(make_state(p.epoch, p.position, self.config, self.fingerprint, p.world_size, p.batches, self.generation))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` at the next pass: the same remaining batches, nothing decoded to get there.
@@ -259,6 +271,8 @@ class ShardStream(IterableDataset):
         Inside a DataLoader worker (torchdata), a state this worker saved: its next
         pass continues its own share of the batches.
         """
+        if self.mixture is not None:
+            self.mixture.check_state(state)  # names the cache or stage that differs
         use_generation(self, state_generation(state))  # that generation's shard list, even when newer ones exist
         epoch, position = check_state(state, self.config, self.fingerprint)
         if get_worker_info() is not None:
@@ -278,7 +292,10 @@ class ShardStream(IterableDataset):
             rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
             w = [*self._control.worker_pass_preview(wid), wid, nw, rank, ws, 0]
         epoch, start, wid, nw, rank, ws, yielded = w
-        return make_worker_state(make_state(epoch, start, self.config, self.fingerprint, ws, yielded, self.generation), wid, nw, rank, yielded)
+        return make_worker_state(self._stamp(make_state(epoch, start, self.config, self.fingerprint, ws, yielded, self.generation)), wid, nw, rank, yielded)
+
+    def _stamp(self, state: dict[str, Any]) -> dict[str, Any]:
+        return self.mixture.stamp(state) if self.mixture is not None else state
 
     def _finished(self, world_size: int) -> Callable[[int, int], bool]:
         return lambda epoch, start: start > 0 and self.plan(epoch).steps(world_size, start) == 0
@@ -336,6 +353,8 @@ class ShardStream(IterableDataset):
         return self._batches(plan, ids, shared=in_worker, count=count, rings=rings, worker=wid)
 
     def _new_shard_set(self) -> ShardSet:
+        if self.mixture is not None:
+            return self.mixture.shard_set(self.verify)
         locator = RemoteFiles(str(self.root), self.manifest, self.remote) if self.remote is not None else None
         return ShardSet(self.manifest, self.root, self.verify, locator=locator)
 
@@ -384,3 +403,11 @@ class ShardStream(IterableDataset):
         c = self.config
         return (f"ShardStream({str(self.root)!r}, view={c.view!r}, batch_size={c.batch_size}, shuffle={c.shuffle}, "
                 f"seed={c.seed}, window={c.window}, drop_last={c.drop_last}, records={self.manifest.records}, generation={self.generation})")
+
+
+def _check_rank(rank: int | None, world_size: int | None) -> None:
+    """A clear ValueError for a world size below 1 or a rank outside its world."""
+    if world_size is not None and (isinstance(world_size, bool) or int(world_size) < 1):
+        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    if rank is not None and (isinstance(rank, bool) or int(rank) < 0 or (world_size is not None and int(rank) >= int(world_size))):
+        raise ValueError(f"rank {rank!r} is not in a world of {world_size if world_size is not None else 'torch.distributed'} ranks (0 <= rank < world_size)")

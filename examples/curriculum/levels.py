@@ -1,0 +1,73 @@
+"""The users' curriculum as caches: one causal cache per level, n growing from 20 to 50 nodes.
+
+    python examples/curriculum/levels.py --out cache/curriculum --levels 4 --graphs 2000
+
+Their trainer (``MultiModelDeltaPredictor``, ``main.py`` with
+``src/training/curriculum.py``) rebuilds its dataset every epoch from the
+current level: ``max_vars = 20 + 30 * progress`` nodes (``num_nodes_range =
+(max_vars - 1, max_vars)``), edge probability ``density_max = 0.25 + 0.10 *
+progress``, and computes an intervention range ``2 + 8 * progress`` that grows
+with it (``progress = level / (levels - 1)``). Here each level is a cache
+built once from the users' recipe (``configs/causal-users-2026-01-15.toml``)
+with those values as overrides; the intervention range becomes the recipe's
+per-graph intervention scale range ``[1, range / 2]`` (1 at the first level,
+as their dataset's default). ``train.py`` then reads the levels through a
+schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "configs" / "causal-users-2026-01-15.toml"
+
+
+def level_params(level: int, levels: int, min_vars: int = 20, max_vars: int = 50) -> dict[str, Any]:
+    """The users' curriculum values of ``level`` (of ``levels``), as recipe overrides."""
+    progress = level / max(1, levels - 1)
+    n = int(min_vars + (max_vars - min_vars) * progress)
+    scale = (2.0 + 8.0 * progress) / 2.0
+    return {
+        "graph.n_min": n - 1,
+        "graph.n_max": n,
+        "graph.edge_prob": round(0.25 + 0.10 * progress, 4),
+        "interventions.value_scale": [1.0, max(1.0, scale)],
+    }
+
+
+def level_name(level: int) -> str:
+    return f"level{level}"
+
+
+def build_levels(out: Path, levels: int, graphs: int, samples: int | None = None, workers: int | None = None, seed: int = 0) -> dict[str, str]:
+    """Build (or confirm) every level's cache under ``out``; ``{name: folder}`` in level order."""
+    from cachebuild import build
+
+    roots = {}
+    for level in range(levels):
+        overrides = [f"{k}={v}" for k, v in level_params(level, levels).items()]
+        if samples is not None:
+            overrides += [f"samples.base={samples}", f"samples.per_intervention={samples}"]
+        folder = out / level_name(level)
+        build(RECIPE, folder, records=graphs, seed=seed + level, workers=workers, overrides=overrides, progress=False)
+        roots[level_name(level)] = str(folder)
+    return roots
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="cache/curriculum")
+    ap.add_argument("--levels", type=int, default=4)
+    ap.add_argument("--graphs", type=int, default=2000, help="graphs per level")
+    ap.add_argument("--samples", type=int, default=None, help="rows per world (default: the recipe's 64)")
+    ap.add_argument("--workers", type=int, default=None)
+    args = ap.parse_args()
+    for name, folder in build_levels(Path(args.out), args.levels, args.graphs, args.samples, args.workers).items():
+        print(f"{name}: {folder}  {level_params(int(name[5:]), args.levels)}")
+
+
+if __name__ == "__main__":
+    main()
