@@ -1,10 +1,10 @@
 """Write records into one shard: a plain tar of per-member-compressed ``.npy``/JSON
 payloads plus its sidecar index, both under temporary names until complete.
 
-Records are written a run at a time (a few MB of payload): the members are
+Records are written a run at a time (about 8 MB of payload): the members are
 encoded column by column (:mod:`cachebuild.format.member_block`), the tar
 headers built in one numpy pass, and the run's bytes joined once into one
-buffer that is hashed (sha256) and written while it is still in cache. Every
+buffer that is hashed (sha256) and written. Every
 byte is read by the hash once and written once; nothing is re-read.
 """
 
@@ -27,7 +27,7 @@ from cachebuild.format.tarball import BLOCK, END_OF_ARCHIVE, pad_lengths, tar_he
 __all__ = ["ShardWriter", "WrittenShard", "record_key", "member_name", "JSON_DTYPE", "index_name"]
 
 JSON_DTYPE = "json"
-_RUN_BYTES = 2 << 20  # payload bytes encoded, hashed and written together (stays in cache)
+_RUN_BYTES = 8 << 20  # payload bytes encoded, hashed and written together (bigger runs: fewer per-run numpy calls)
 _JOIN_LIMIT = 64 << 20  # a run with more (one huge record) is hashed and written piece by piece
 
 
