@@ -191,7 +191,7 @@ class ShardWriter:
         row_at = np.arange(m, dtype=np.int64) * width
         starts = row_at + BLOCK - np.concatenate(([self._pad], pads[:-1]))
         stops = row_at + 2 * BLOCK + plen
-        view = memoryview(gaps.reshape(-1))
+        view = gaps.reshape(-1).data
         chunks: list[Any] = [None] * (2 * m)
         chunks[::2] = [view[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
         chunks[1::2] = run.bodies
