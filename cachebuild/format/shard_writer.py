@@ -158,7 +158,7 @@ class ShardWriter:
         run = encode_run(records, self._specs, self._cctx, lambda i: record_key(first + i))
         chunks, end, pad = self._tar_chunks(run, [record_key(first + i) for i in range(len(records))])
         if run.raw_bytes <= _JOIN_LIMIT:
-            chunks = [b"".join(chunks)]  # one hash call and one write, on bytes still in cache
+            chunks = [b"".join(chunks)]  # one hash call and one write per run
         for chunk in chunks:  # (a run of huge records: no joined copy)
             self._sha.update(chunk)
             self._write(chunk)
@@ -177,6 +177,8 @@ class ShardWriter:
         """
         sizes = run.sizes
         m, nf = len(sizes), len(self._specs)
+        if m == 0:  # a schema without fields
+            return [], self._pos, self._pad
         pads = pad_lengths(sizes)
         steps = BLOCK + sizes + pads
         ends = self._pos + np.cumsum(steps)
