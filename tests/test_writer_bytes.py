@@ -78,3 +78,31 @@ def test_batch_and_frame_by_frame_compression_agree(tmp_path: Path) -> None:
     single = encode_run(records, specs, _OneFrameAtATime(cctx), str)
     assert [bytes(f) for f in batched.bodies] == [bytes(f) for f in single.bodies]
     assert batched.sizes.tolist() == single.sizes.tolist() and (batched.rows == single.rows).all()
+
+
+def _bad_at_seven(rng: np.random.Generator, index: int, kind: str) -> dict:
+    record = {"x": np.zeros(3, np.float32), "meta": {"i": index}}
+    if index == 7 and kind == "dtype":
+        record["x"] = np.zeros(3, np.float16)
+    if index == 7 and kind == "json":
+        record["meta"] = {"i": object()}
+    if index == 7 and kind == "dims":
+        record["x"] = np.zeros((1,) * 6, np.float32)
+    return record
+
+
+@pytest.mark.parametrize(
+    "kind,words",
+    [("dtype", "expected dtype float32, got float16"), ("json", "not JSON-able"), ("dims", "6 dims > 5")],
+)
+def test_a_bad_record_inside_a_block_is_named(tmp_path: Path, kind: str, words: str) -> None:
+    from cachebuild.builder import BuildOptions, build_cache
+    from cachebuild.errors import SourceError
+    from cachebuild.function_source import FunctionSource
+
+    source = FunctionSource.per_record(_bad_at_seven, {"x": "float32", "meta": "json"}, block_records=20, params={"kind": kind})
+    opts = BuildOptions(out=tmp_path / "c", records=20, workers=1, progress=False, sync=False)
+    with pytest.raises(SourceError) as err:
+        build_cache(source, opts)
+    assert "shard 0 record 7 " in str(err.value) and words in str(err.value)
+    assert not any(p.name.endswith(".tar") for p in (tmp_path / "c").iterdir())
