@@ -1,38 +1,127 @@
-"""Builder throughput vs. the users' on-the-fly pipeline and vs. the physical limits.
+"""Build wall time against its ideal, for the code before a change and after it, in one run.
 
-Measures in one run, on the same recipe:
-  (a) our builder (`build_cache`, all cores) graphs/s and wall time;
-  (b) a faithful re-implementation of the users' per-graph pipeline
-      (networkx + pandas, per-node loops; benchmarks/user_pipeline.py), one process;
-  (c) the limits: generation alone and zstd compression alone of the same
-      records (same level), per core, scaled to all cores.
-Appends the numbers to benchmarks/RESULTS.md.
+Measures in one run, on the default causal recipe:
+  (a) the limits, single core, this checkout: generation alone (``source.blocks``),
+      and zstd compression alone of the exact payloads the shards store (``.npy``
+      header + data, JSON text; one frame each, the writer's batch call), per graph;
+      plus what the format itself costs on top (JSON encoding, sha256 of the stored
+      bytes, crc32 of raw payloads), measured, not assumed;
+  (b) `cachebuild generate --graphs N --codec C` as a subprocess, for each code tree
+      given (``--code NAME=DIR``, e.g. main's commit in a worktree, and this checkout),
+      interleaved, ``--rounds`` times: wall time and CPU time of the whole process tree;
+  (c) optionally, the users' per-graph networkx/pandas pipeline (``--user-sample``).
+The ideal is the limit spread over all cores: generation + compression for zstd,
+generation alone for ``--codec none``. Appends the table to benchmarks/RESULTS.md.
 
-    python benchmarks/bench_build.py --graphs 100000 --out /tmp/bench-build
+    git worktree add --detach /tmp/main-1d3ec8c 1d3ec8c
+    python benchmarks/bench_build.py --graphs 100000 --out /dev/shm/bench-build \\
+        --code before=/tmp/main-1d3ec8c --code after=.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import resource
 import shutil
+import statistics
+import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
-
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import append, quick_defaults  # noqa: E402
-from user_pipeline import UserStyleGenerator  # noqa: E402
 
-from cachebuild.builder import BuildOptions, build_cache  # noqa: E402
 from cachebuild.builder.causal_source import CausalSource  # noqa: E402
 from cachebuild.causal import parse_causal_config  # noqa: E402
 from cachebuild.config_file import load_toml  # noqa: E402
 from cachebuild.format.codec import parse_codec  # noqa: E402
+from cachebuild.format.npy import npy_header  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cpu(fn: Any) -> tuple[Any, float]:
+    """(result, CPU seconds of this process)."""
+    c = time.process_time()
+    out = fn()
+    return out, time.process_time() - c
+
+
+def _rate(fn: Any, data: bytes) -> float:
+    """Bytes per CPU second of ``fn(data)``, best of 3."""
+    return max(len(data) / max(_cpu(lambda: fn(data))[1], 1e-9) for _ in range(3))
+
+
+def limits(source: CausalSource, level: int, sample: int) -> dict[str, float]:
+    """Single-core CPU microseconds per graph: generation, compression, JSON; bytes per graph; hash rates."""
+    records, gen = _cpu(lambda: [r for block in source.blocks(0, 0, 0, sample) for r in block])
+    array_fields = [k for k, d in source.fields() if d != "json"]
+    texts, js = _cpu(lambda: [json.dumps(r["json"], sort_keys=True, separators=(",", ":")).encode() for r in records])
+    payloads = [b"".join((npy_header(r[k]), r[k].data)) for r in records for k in array_fields] + texts
+    cctx = parse_codec("zstd", level).compressor()
+    batch = getattr(cctx, "multi_compress_to_buffer", None)
+    compress = (lambda: batch(payloads)) if batch else (lambda: [cctx.compress(p) for p in payloads])
+    comp = min(_cpu(compress)[1] for _ in range(2))
+    block = os.urandom(64 << 20)
+    return {
+        "gen_us": gen / sample * 1e6,
+        "zstd_us": comp / sample * 1e6,
+        "json_us": js / sample * 1e6,
+        "raw_bytes": sum(map(len, payloads)) / sample,
+        "sha256_Bps": _rate(lambda d: hashlib.sha256(d).digest(), block),
+        "crc32_Bps": _rate(zlib.crc32, block),
+    }
+
+
+def run_build(code: Path, graphs: int, codec: str, workers: int, out: Path) -> dict[str, float]:
+    """One ``cachebuild generate`` in a fresh process tree: wall s, CPU s (all its processes), stored bytes."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "cachebuild.cli", "generate", "--graphs", str(graphs), "--out", str(out), "--codec", codec, "--workers", str(workers), "-q"]
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=code)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    stored = sum(p.stat().st_size for p in out.iterdir() if p.suffix == ".tar")
+    shutil.rmtree(out, ignore_errors=True)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"wall": wall, "cpu": cpu, "sys": after.ru_stime - before.ru_stime, "stored": stored}
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} s ({min(values):.1f}-{max(values):.1f})"
+
+
+def codec_rows(codec: str, runs: dict[str, list[dict[str, float]]], lim: dict[str, float], graphs: int, cores: int) -> list[tuple[str, str]]:
+    """Table rows of one codec: each code's wall and CPU against the ideal and the format's floor."""
+    per_graph = lim["gen_us"] + (lim["zstd_us"] if codec == "zstd" else 0.0)
+    ideal = graphs * per_graph / 1e6 / cores
+    rows = [(f"{codec}: ideal ({'generation + zstd' if codec == 'zstd' else 'generation'}) / {cores} cores", f"{ideal:.1f} s ({per_graph:.0f} us CPU per graph)")]
+    stored = statistics.median(r["stored"] for rs in runs.values() for r in rs) / graphs
+    floor = lim["json_us"] + stored / lim["sha256_Bps"] * 1e6 + (lim["raw_bytes"] / lim["crc32_Bps"] * 1e6 if codec == "none" else 0.0)
+    rows.append((f"{codec}: the format's floor on top (JSON, sha256{', crc32' if codec == 'none' else ''})", f"{floor:.0f} us per graph ({stored / 1e3:.1f} KB stored per graph): ideal + floor = {graphs * (per_graph + floor) / 1e6 / cores:.1f} s"))
+    for name, rs in runs.items():
+        wall = [r["wall"] for r in rs]
+        cpu = statistics.median(r["cpu"] for r in rs)
+        sys_s = statistics.median(r["sys"] for r in rs)
+        rows += [
+            (f"{codec} {name}: wall, median of {len(rs)} (range)", f"{_spread(wall)} = {statistics.median(wall) / ideal:.2f}x ideal"),
+            (f"{codec} {name}: CPU of all processes", f"{cpu:.1f} s ({cpu / graphs * 1e6:.0f} us per graph, of which kernel {sys_s:.1f} s) = {cpu / (ideal * cores):.2f}x the ideal's CPU"),
+        ]
+    return rows
 
 
 def user_rate(sample: int) -> float:
+    """Graphs/s of the users' per-graph pipeline (one process)."""
+    from user_pipeline import UserStyleGenerator
+
     gen = UserStyleGenerator(0)
     t = time.perf_counter()
     for _ in range(sample):
@@ -40,61 +129,54 @@ def user_rate(sample: int) -> float:
     return sample / (time.perf_counter() - t)
 
 
-def limits(source: CausalSource, codec, sample: int) -> tuple[float, float, float]:
-    """(generation graphs/s per core, compression graphs/s per core, raw bytes per graph)."""
-    t = time.perf_counter()
-    records = [r for block in source.blocks(0, 0, 0, sample) for r in block]
-    gen = sample / (time.perf_counter() - t)
-    payloads = [r[k].tobytes() for r in records for k, _ in source.fields() if k != "json"]
-    cctx = codec.compressor()
-    t = time.perf_counter()
-    for p in payloads:
-        cctx.compress(p)
-    comp = sample / (time.perf_counter() - t)
-    return gen, comp, sum(map(len, payloads)) / sample
+def _codes(specs: list[str]) -> dict[str, Path]:
+    out = {}
+    for spec in specs or [f"this={ROOT}"]:
+        name, _, path = spec.partition("=")
+        if not path or not (Path(path) / "cachebuild" / "cli.py").exists():
+            raise SystemExit(f"--code {spec!r}: expected NAME=DIR with DIR a cachebuild checkout")
+        out[name] = Path(path).resolve()
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphs", type=int, default=100_000)
-    ap.add_argument("--config", type=Path, default=None, help="recipe (default: built-in = configs/causal-users-2026-01-15.toml)")
-    ap.add_argument("--out", type=Path, default=Path("/tmp/cachebuild-bench-build"))
+    ap.add_argument("--config", type=Path, default=None, help="recipe for the limits (default: built-in = configs/causal-users-2026-01-15.toml)")
+    ap.add_argument("--out", type=Path, default=Path("/dev/shm/cachebuild-bench-build"), help="build folder (deleted after each build)")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--level", type=int, default=1)
-    ap.add_argument("--user-sample", type=int, default=300, help="graphs timed through the user-style pipeline")
-    ap.add_argument("--limit-sample", type=int, default=4096, help="graphs timed for the generation/compression limits")
-    quick_defaults(ap, graphs=400, workers=2, user_sample=10, limit_sample=256, out=Path("/tmp/cachebuild-bench-build-quick"))
+    ap.add_argument("--codecs", default="zstd,none")
+    ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR", help="a code tree to build with (repeat: interleaved); default: this checkout")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--user-sample", type=int, default=0, help="graphs timed through the user-style pipeline (0: skip)")
+    ap.add_argument("--limit-sample", type=int, default=8192, help="graphs timed for the generation/compression limits")
+    quick_defaults(ap, graphs=400, workers=2, rounds=1, limit_sample=256, out=Path("/tmp/cachebuild-bench-build-quick"))
     args = ap.parse_args()
 
+    codes, codecs, cores = _codes(args.code), args.codecs.split(","), args.workers
     table = load_toml(args.config) if args.config else {}
-    cfg = parse_causal_config({k: v for k, v in table.items() if k not in ("build",)})
-    source = CausalSource(cfg)
-    codec = parse_codec("zstd", args.level)
-    cores = args.workers
-
-    u = user_rate(args.user_sample)
-    gen1, comp1, raw_per_graph = limits(source, codec, args.limit_sample)
-    shutil.rmtree(args.out, ignore_errors=True)
-    opts = BuildOptions(out=args.out, records=args.graphs, codec=codec, workers=cores, progress=False)
-    t = time.perf_counter()
-    summary = build_cache(source, opts, unit="graphs")
-    wall = time.perf_counter() - t
-    ours = args.graphs / wall
-    ideal = args.graphs / (gen1 * cores) + args.graphs / (comp1 * cores)
-    shutil.rmtree(args.out, ignore_errors=True)
+    source = CausalSource(parse_causal_config({k: v for k, v in table.items() if k != "build"}))
+    lim = limits(source, args.level, args.limit_sample)
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {c: {n: [] for n in codes} for c in codecs}
+    for r in range(args.rounds):
+        for codec in codecs:
+            for name in list(codes)[:: 1 if r % 2 == 0 else -1]:  # alternate the order between rounds
+                runs[codec][name].append(run_build(codes[name], args.graphs, codec, cores, args.out))
+                print(f"round {r + 1} {codec} {name}: {runs[codec][name][-1]}", flush=True)
     rows = [
-        ("graphs", f"{args.graphs:,} ({raw_per_graph / 1e3:.1f} KB raw each), {cores} workers, zstd level {args.level}"),
-        ("our build wall time", f"{wall:.1f} s ({'meets' if wall < 30 else 'misses'} the < 30 s target)"),
-        ("our build graphs/s (all cores)", f"{ours:,.0f}"),
-        ("user-style pipeline graphs/s (1 process)", f"{u:,.0f}"),
-        ("ratio ours / user-style", f"{ours / u:,.1f}x (target >= 50x)"),
-        ("generation alone graphs/s per core", f"{gen1:,.0f}"),
-        ("zstd alone graphs/s per core", f"{comp1:,.0f} ({comp1 * raw_per_graph / 1e6:,.0f} MB/s)"),
-        ("ideal (gen + zstd) / cores", f"{ideal:.1f} s"),
-        ("build / ideal", f"{wall / ideal:.2f}x (target <= 1.5x)"),
-        ("stored / raw", f"{summary.stored_bytes / 1e6:,.0f} MB / {summary.raw_bytes / 1e6:,.0f} MB (ratio {summary.ratio:.2f}x incl. tar headers)"),
+        ("graphs", f"{args.graphs:,} ({lim['raw_bytes'] / 1e3:.1f} KB raw each), {cores} workers, zstd level {args.level}, out {args.out}"),
+        ("limits per graph, 1 core", f"generation {lim['gen_us']:.0f} us, zstd {lim['zstd_us']:.0f} us, JSON encoding {lim['json_us']:.1f} us; sha256 {lim['sha256_Bps'] / 1e9:.2f} GB/s, crc32 {lim['crc32_Bps'] / 1e9:.2f} GB/s"),
+        ("code trees", ", ".join(f"{n} = {p}" for n, p in codes.items())),
     ]
-    append("bench_build: causal graphs", rows)
+    for codec in codecs:
+        rows += codec_rows(codec, runs[codec], lim, args.graphs, cores)
+    if args.user_sample:
+        u = user_rate(args.user_sample)
+        best = min(statistics.median(x["wall"] for x in rs) for rs in runs[codecs[0]].values())
+        rows.append(("user-style pipeline graphs/s (1 process); ours / it", f"{u:,.0f}; {args.graphs / best / u:,.1f}x"))
+    load = os.getloadavg()
+    append("bench_build: build time vs. ideal, before/after", rows, [f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (other work on the machine)"])
 
 
 if __name__ == "__main__":

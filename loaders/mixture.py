@@ -43,7 +43,7 @@ import numpy as np
 
 from cachebuild.errors import CacheMismatchError, ConfigError
 from cachebuild.format.manifest import FieldSchema, Manifest, read_manifest
-from cachebuild.format.shard_writer import record_key
+from cachebuild.format.names import record_key
 from loaders.mixplan import mixture_order
 from loaders.plan import EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote

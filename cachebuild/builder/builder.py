@@ -333,10 +333,19 @@ def _index_of(shard: ShardEntry) -> int:
 
 
 def _load_index(out: Output, name: str) -> np.ndarray:
-    index = np.load(io.BytesIO(out.read_bytes(name)), allow_pickle=False)
-    if index.dtype != INDEX_DTYPE:
+    """A shard's index as a view of the file's bytes (``np.load`` of a stream copies it in 256 KB steps)."""
+    data = out.read_bytes(name)
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(buf)
+    except (ValueError, SyntaxError) as exc:
+        raise OutputError(f"index {out.location}/{name} is unreadable ({exc})") from exc
+    count = int(np.prod(shape))
+    if dtype != INDEX_DTYPE or fortran or len(shape) != 2 or len(data) - buf.tell() != count * INDEX_DTYPE.itemsize:
         raise OutputError(f"index {out.location}/{name} has an unexpected layout")
-    return index
+    return np.frombuffer(data, INDEX_DTYPE, count, buf.tell()).reshape(shape)
 
 
 def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output, shards: list[ShardEntry], fingerprint: str, per_shard: int) -> None:

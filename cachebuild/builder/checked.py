@@ -69,17 +69,29 @@ def fill_shard(writer: ShardWriter, source: RecordSource, seed: int, spec: Shard
             raise
         except Exception as exc:
             raise source_error(source, spec.index, spec.start + writer.records, f"raised {type(exc).__name__}: {exc}") from exc
-        for record in block:
-            rid = spec.start + writer.records
-            if rid >= spec.stop:
-                raise source_error(source, spec.index, rid, f"is beyond the shard: the plan asked for records [{spec.start}, {spec.stop})")
-            try:
-                writer.add(record)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                detail = record_problem(record, fields) or f"cannot be written: {type(exc).__name__}: {exc}"
-                raise source_error(source, spec.index, rid, detail) from exc
+        _add_block(writer, source, spec, fields, block)
     if writer.records != spec.records:
         raise source_error(source, spec.index, spec.start + writer.records, f"missing: the source made {writer.records} records, the plan asked for {spec.records}")
+
+
+def _add_block(writer: ShardWriter, source: RecordSource, spec: ShardSpec, fields: list[tuple[str, str]], block: Any) -> None:
+    """Write one block of records, or raise a SourceError naming the first bad record."""
+    start = spec.start + writer.records
+    if not isinstance(block, list):
+        block = list(block)
+    if start + len(block) > spec.stop:
+        rid = max(start, spec.stop)
+        raise source_error(source, spec.index, rid, f"is beyond the shard: the plan asked for records [{spec.start}, {spec.stop})")
+    try:
+        writer.add_block(block)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        bad = next((i for i, r in enumerate(block) if record_problem(r, fields)), None)
+        if bad is None:
+            bad = getattr(exc, "record", 0)
+            detail = f"cannot be written: {type(exc).__name__}: {exc}"
+        else:
+            detail = record_problem(block[bad], fields)
+        raise source_error(source, spec.index, start + bad, detail) from exc
 
 
 def probe_source(source: RecordSource, seed: int, spec: ShardSpec) -> None:

@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["npy_header", "check_npy_header"]
+__all__ = ["npy_header", "npy_headers", "check_npy_header"]
 
 
 @lru_cache(maxsize=4096)
@@ -28,6 +28,13 @@ def _descr(dtype: np.dtype) -> str:
 def npy_header(arr: np.ndarray) -> bytes:
     """The exact ``.npy`` v1.0 header numpy writes for a C-contiguous ``arr``."""
     return _header(_descr(arr.dtype), arr.shape)
+
+
+def npy_headers(dtype: np.dtype, shapes: list[tuple[int, ...]]) -> list[bytes]:
+    """:func:`npy_header` of C-contiguous arrays of one ``dtype`` and these ``shapes`` (one lookup per distinct shape)."""
+    descr = _descr(dtype)
+    by_shape = {s: _header(descr, s) for s in set(shapes)}
+    return [by_shape[s] for s in shapes]
 
 
 def check_npy_header(header: bytes | memoryview, dtype: str, shape: tuple[int, ...], where: str) -> None:

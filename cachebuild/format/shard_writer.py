@@ -1,12 +1,17 @@
 """Write records into one shard: a plain tar of per-member-compressed ``.npy``/JSON
-payloads plus its sidecar index, both under temporary names until complete."""
+payloads plus its sidecar index, both under temporary names until complete.
+
+Records are written a run at a time (about 8 MB of payload): the members are
+encoded column by column (:mod:`cachebuild.format.member_block`), the tar
+headers built in one numpy pass, and the run's bytes joined once into one
+buffer that is hashed (sha256) and written. Every
+byte is read by the hash once and written once; nothing is re-read.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -14,18 +19,29 @@ import numpy as np
 
 from cachebuild.format.atomic import fsync_dir, output_error, tmp_name
 from cachebuild.format.codec import Codec
-from cachebuild.format.index import INDEX_DTYPE, MAX_NDIM, index_bytes
+from cachebuild.format.index import INDEX_DTYPE, index_bytes
 from cachebuild.format.manifest import ShardEntry
-from cachebuild.format.names import JSON_DTYPE, index_name, member_name, record_key
-from cachebuild.format.npy import npy_header
-from cachebuild.format.tarball import END_OF_ARCHIVE, tar_header
+from cachebuild.format.member_block import EncodedRun, FieldSpec, encode_run
+from cachebuild.format.names import index_name, member_name, record_key
+from cachebuild.format.tarball import BLOCK, END_OF_ARCHIVE, pad_lengths, tar_headers
 
 __all__ = ["ShardWriter"]
 
-_FLUSH_BYTES = 8 << 20
-_ONES = (1,) * MAX_NDIM
-_ZEROS = bytes(512)
-_IOV_MAX = 1024
+_RUN_BYTES = 8 << 20  # payload bytes encoded, hashed and written together (bigger runs: fewer per-run numpy calls)
+_JOIN_LIMIT = 64 << 20  # a run with more (one huge record) is hashed and written piece by piece
+
+
+def _place_prefixes(gaps: np.ndarray, prefixes: list[bytes], plen: np.ndarray) -> None:
+    """Copy each member's ``.npy`` header after its tar header (a few distinct lengths: one copy per length)."""
+    lengths = np.unique(plen).tolist()
+    for n in lengths:
+        if n == 0:
+            continue
+        if len(lengths) == 1:
+            gaps[:, 2 * BLOCK :] = np.frombuffer(b"".join(prefixes), np.uint8).reshape(len(prefixes), n)
+            continue
+        pick = np.flatnonzero(plen == n)
+        gaps[pick, 2 * BLOCK : 2 * BLOCK + n] = np.frombuffer(b"".join([prefixes[i] for i in pick.tolist()]), np.uint8).reshape(len(pick), n)
 
 
 def _check_schema(fields: Sequence[tuple[str, str]]) -> None:
@@ -58,16 +74,15 @@ class ShardWriter:
         _check_schema(self.fields)
         self.codec = codec
         self.first_record = first_record
-        self._specs = [(f, d, member_name("", f, d, codec)) for f, d in self.fields]
+        self._specs = [FieldSpec(f, d, member_name("", f, d, codec)) for f, d in self.fields]
         self._cctx = codec.compressor()
         self._final = self.folder / name
         self._tmp = tmp_name(self._final)
         self._sha = hashlib.sha256()
-        self._rows: list[tuple[int, int, int, int, int, tuple[int, ...]]] = []
+        self._index_parts: list[np.ndarray] = []
         self._count = 0
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
-        self._pos = 0
+        self._pos = 0  # end of the last member, padded to a block (the pad itself is written with the next run)
+        self._pad = 0
         self._raw_bytes = 0
         try:
             self._fh = open(self._tmp, "wb", buffering=0)
@@ -80,73 +95,92 @@ class ShardWriter:
 
     def add(self, record: Mapping[str, Any]) -> None:
         """Append one record (a dict of numpy arrays, and a JSON-able dict for JSON fields)."""
-        if len(record) != len(self.fields):
-            extra = sorted(set(record) - {f for f, _ in self.fields})
-            missing = sorted({f for f, _ in self.fields} - set(record))
-            raise ValueError(f"record fields do not match the schema: missing {missing}, unexpected {extra}")
-        key = record_key(self.first_record + self._count)
-        rows, pending, cctx = self._rows, self._pending, self._cctx
-        pos, added, raw_total = self._pos, 0, 0
-        for field, dtype, suffix in self._specs:
-            value = record[field]
-            if dtype == JSON_DTYPE:
-                raw = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-                nbytes, shape = len(raw), ()
-            else:
-                arr = value
-                if getattr(arr, "dtype", None) != dtype:
-                    got = getattr(arr, "dtype", type(arr).__name__)
-                    raise ValueError(f"field '{field}' of record {key}: expected {dtype} array, got {got}")
-                if arr.ndim > MAX_NDIM:
-                    raise ValueError(f"field '{field}' of record {key}: {arr.ndim} dims > {MAX_NDIM}")
-                if not arr.flags.c_contiguous:
-                    arr = arr.copy(order="C")  # (ascontiguousarray would turn 0-d into 1-d)
-                shape = arr.shape
-                nbytes = arr.nbytes
-                raw = b"".join((npy_header(arr), arr.data))
-            payload = raw if cctx is None else cctx.compress(raw)
-            size = len(payload)
-            pad = (-size) % 512
-            pending.append(tar_header(key + suffix, size))
-            pending.append(payload)
-            if pad:
-                pending.append(_ZEROS[:pad])
-            rows.append((pos + 512, size, nbytes, zlib.crc32(payload) if cctx is None else 0, len(shape), shape + _ONES[len(shape) :]))
-            step = 512 + size + pad
-            pos += step
-            added += step
-            raw_total += len(raw)
-        self._pos = pos
-        self._raw_bytes += raw_total
-        self._pending_bytes += added
-        self._count += 1
-        if self._pending_bytes >= _FLUSH_BYTES:
-            self._flush()
+        self.add_block([record])
 
-    def _flush(self) -> None:
-        """Hash and write the pending chunks (vectored writes, no joining copy)."""
-        chunks, self._pending = self._pending, []
-        self._pending_bytes = 0
-        update = self._sha.update
-        for c in chunks:
-            update(c)
+    def add_block(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Append records in order, as :meth:`add` would one by one (same bytes), a run at a time.
+
+        A record that does not fit the schema raises a ValueError
+        (:class:`~cachebuild.format.member_block.MemberError`) naming it; the
+        records before its run are written, so :meth:`abort` the writer then.
+        """
+        if not records:
+            return
+        step = self._run_records(records[0])
+        for a in range(0, len(records), step):
+            self._write_run(records[a : a + step])
+
+    def _run_records(self, record: Mapping[str, Any]) -> int:
+        """Records per run: about ``_RUN_BYTES`` of payload, judged by the first record."""
+        try:
+            size = sum(int(getattr(v, "nbytes", 256)) for v in record.values()) + BLOCK * len(self._specs)
+        except (AttributeError, TypeError, ValueError):
+            return 1
+        return max(1, _RUN_BYTES // max(1, size))
+
+    def _write_run(self, records: Sequence[Mapping[str, Any]]) -> None:
+        first = self.first_record + self._count
+        run = encode_run(records, self._specs, self._cctx, lambda i: record_key(first + i))
+        chunks, end, pad = self._tar_chunks(run, [record_key(first + i) for i in range(len(records))])
+        if run.raw_bytes <= _JOIN_LIMIT:
+            chunks = [b"".join(chunks)]  # one hash call and one write per run
+        for chunk in chunks:  # (a run of huge records: no joined copy)
+            self._sha.update(chunk)
+            self._write(chunk)
+        self._index_parts.append(run.rows)
+        self._pos, self._pad = end, pad
+        self._count += len(records)
+        self._raw_bytes += run.raw_bytes
+
+    def _tar_chunks(self, run: EncodedRun, keys: list[str]) -> tuple[list[Any], int, int]:
+        """The run's tar bytes as buffers; fills the index offsets and sizes.
+
+        Member ``i`` is written as two buffers: a gap (the previous member's
+        padding, the tar header, the ``.npy`` header of a raw payload), built for
+        all members in one array, then the payload's body. Returns (buffers, the
+        padded end of the last member, that member's padding).
+        """
+        sizes = run.sizes
+        m, nf = len(sizes), len(self._specs)
+        if m == 0:  # a schema without fields
+            return [], self._pos, self._pad
+        pads = pad_lengths(sizes)
+        steps = BLOCK + sizes + pads
+        ends = self._pos + np.cumsum(steps)
+        run.rows["offset"] = (ends - steps + BLOCK).reshape(-1, nf)
+        run.rows["size"] = sizes.reshape(-1, nf)
+        prefixes = run.prefixes or []
+        plen = np.fromiter(map(len, prefixes), np.int64, len(prefixes)) if prefixes else np.zeros(m, np.int64)
+        width = 2 * BLOCK + int(plen.max())
+        gaps = np.zeros((m, width), np.uint8)  # row i: [zeros][tar header i][.npy header i]
+        gaps[:, BLOCK : 2 * BLOCK] = tar_headers([k + s.suffix for k in keys for s in self._specs], sizes)
+        _place_prefixes(gaps, prefixes, plen)
+        row_at = np.arange(m, dtype=np.int64) * width
+        starts = row_at + BLOCK - np.concatenate(([self._pad], pads[:-1]))
+        stops = row_at + 2 * BLOCK + plen
+        view = gaps.reshape(-1).data
+        chunks: list[Any] = [None] * (2 * m)
+        chunks[::2] = [view[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
+        chunks[1::2] = run.bodies
+        return chunks, int(ends[-1]), int(pads[-1])
+
+    def _write(self, data: Any) -> None:
+        view = memoryview(data)
         fd = self._fh.fileno()
         try:
-            for i in range(0, len(chunks), _IOV_MAX):
-                group = chunks[i : i + _IOV_MAX]
-                want = sum(map(len, group))
-                done = os.writev(fd, group)
-                if done != want:  # short write: finish the rest plainly
-                    self._fh.write(b"".join(group)[done:])
+            while view:
+                view = view[os.write(fd, view) :]
         except OSError as exc:
             raise output_error(self._final, exc) from exc
 
     def close(self, sync: bool = True) -> ShardEntry:
         """Finish the tar, write the index, sync both and rename them into place."""
-        self._pending.append(END_OF_ARCHIVE)
+        tail = bytes(self._pad) + END_OF_ARCHIVE
+        self._sha.update(tail)
+        self._write(tail)
         self._pos += len(END_OF_ARCHIVE)
-        self._flush()
-        index = np.array(self._rows, dtype=INDEX_DTYPE).reshape(self._count, len(self.fields))
+        parts = self._index_parts or [np.zeros((0, len(self.fields)), INDEX_DTYPE)]
+        index = np.concatenate(parts)
         idx_data = index_bytes(index)
         idx_final = self.folder / index_name(self.name)
         idx_tmp = tmp_name(idx_final)

@@ -1,0 +1,205 @@
+"""Encode a run of records into tar members, column by column: payloads, sizes and index rows.
+
+The shard writer's hot loop. Per member it does only what cannot be done on a
+block: fetch the value, check its dtype, and (raw) one ``crc32`` or (zstd) one
+slot in a batch compression call. Everything else is a numpy operation or one
+C-level call over all members of the run: ``.npy`` headers (one per distinct
+shape), sizes, index rows, compression, and in the writer the offsets and tar
+headers (:func:`cachebuild.format.tarball.tar_headers`).
+
+The bytes are exactly those of one member at a time: a ``.npy`` v1.0 header and
+the C-order array data (or compact, key-sorted JSON), compressed as one zstd
+frame each with the writer's compressor; ``crc32`` of the stored payload for raw
+members, 0 for zstd (its frames carry a checksum).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from cachebuild.format.index import INDEX_DTYPE, MAX_NDIM
+from cachebuild.format.names import JSON_DTYPE
+from cachebuild.format.npy import npy_headers
+
+__all__ = ["FieldSpec", "EncodedRun", "MemberError", "encode_run"]
+
+_ARRAYS = (np.ndarray, np.generic)
+
+
+class MemberError(ValueError):
+    """A record that does not fit the schema; ``record`` is its position in the run."""
+
+    def __init__(self, message: str, record: int):
+        super().__init__(message)
+        self.record = record
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One schema field as the encoder needs it: name, dtype name, member-name suffix."""
+
+    name: str
+    dtype: str
+    suffix: str
+
+    @property
+    def is_json(self) -> bool:
+        return self.dtype == JSON_DTYPE
+
+
+@dataclass
+class EncodedRun:
+    """Members of consecutive records in record-major order (record 0's fields, then record 1's, ...).
+
+    Member ``i``'s stored payload is ``prefixes[i] + bodies[i]`` (``sizes[i]`` bytes):
+    raw, a ``.npy`` header (``b""`` for JSON) and the array (or JSON text); zstd, no
+    prefixes and one frame. ``rows`` are the index entries ``[records, fields]`` with
+    offsets and sizes still 0; ``raw_bytes`` the uncompressed payload bytes.
+    """
+
+    prefixes: list[bytes] | None
+    bodies: list[Any]
+    sizes: np.ndarray
+    rows: np.ndarray
+    raw_bytes: int
+
+
+@dataclass
+class _Column:
+    """One field's members: prefixes (``.npy`` headers), bodies, data sizes, shapes, raw crc32s."""
+
+    prefixes: list[bytes]
+    bodies: list[Any]
+    nbytes: list[int]
+    shapes: list[tuple[int, ...]]
+    crcs: list[int]
+
+
+def _values(records: Sequence[Mapping[str, Any]], specs: Sequence[FieldSpec]) -> list[list[Any]]:
+    """Each field's values, refusing a record whose field names differ from the schema."""
+    names = [s.name for s in specs]
+    try:
+        if all([len(r) == len(names) for r in records]):
+            return [[r[name] for r in records] for name in names]
+    except KeyError:
+        pass
+    i = next(i for i, r in enumerate(records) if len(r) != len(names) or not all(n in r for n in names))
+    got = set(records[i])
+    missing, extra = sorted(set(names) - got), sorted(got - set(names))
+    raise MemberError(f"record fields do not match the schema: missing {missing}, unexpected {extra}", i)
+
+
+def _check_arrays(spec: FieldSpec, want: np.dtype, vals: list[Any], key_of: Callable[[int], str]) -> list[int]:
+    """Refuse a value that is not an array of the field's dtype or has too many dims; the dims."""
+    if not all([isinstance(v, _ARRAYS) and v.dtype == want for v in vals]):
+        i = next(i for i, v in enumerate(vals) if not (isinstance(v, _ARRAYS) and v.dtype == want))
+        got = getattr(vals[i], "dtype", type(vals[i]).__name__)
+        raise MemberError(f"field '{spec.name}' of record {key_of(i)}: expected {spec.dtype} array, got {got}", i)
+    ndims = [v.ndim for v in vals]
+    if max(ndims, default=0) > MAX_NDIM:
+        i = next(i for i, d in enumerate(ndims) if d > MAX_NDIM)
+        raise MemberError(f"field '{spec.name}' of record {key_of(i)}: {ndims[i]} dims > {MAX_NDIM}", i)
+    return ndims
+
+
+def _array_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[[int], str]) -> _Column:
+    """Checked C-contiguous arrays of one field and their ``.npy`` headers."""
+    want = np.dtype(spec.dtype)
+    _check_arrays(spec, want, vals, key_of)
+    if not all([v.flags.c_contiguous for v in vals]):
+        vals = [v if v.flags.c_contiguous else v.copy(order="C") for v in vals]  # (ascontiguousarray would turn 0-d into 1-d)
+    shapes = [v.shape for v in vals]
+    heads = npy_headers(want, shapes)
+    crcs = []
+    if raw:
+        head_crc = {h: zlib.crc32(h) for h in set(heads)}
+        crc32 = zlib.crc32
+        crcs = [crc32(v, head_crc[h]) for h, v in zip(heads, vals)]
+    return _Column(heads, vals, [v.nbytes for v in vals], shapes, crcs)
+
+
+def _json_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[[int], str]) -> _Column:
+    """Compact, key-sorted JSON text of one field."""
+    dumps = json.dumps
+    texts = []
+    for i, v in enumerate(vals):
+        try:
+            texts.append(dumps(v, sort_keys=True, separators=(",", ":")).encode())
+        except (TypeError, ValueError) as exc:
+            raise MemberError(f"field '{spec.name}' of record {key_of(i)}: not JSON-able ({exc})", i) from exc
+    crcs = [zlib.crc32(t) for t in texts] if raw else []
+    return _Column([b""] * len(texts), texts, [len(t) for t in texts], [()] * len(texts), crcs)
+
+
+def _rows(columns: list[_Column], count: int) -> np.ndarray:
+    """Index rows ``[count, fields]``: nbytes, ndim, shape (unused dims 1) and raw crc32."""
+    rows = np.zeros((count, len(columns)), INDEX_DTYPE)
+    rows["shape"] = 1
+    for j, col in enumerate(columns):
+        rows["nbytes"][:, j] = col.nbytes
+        if col.crcs:
+            rows["crc32"][:, j] = col.crcs
+        ndims = np.fromiter(map(len, col.shapes), np.int32, count)
+        rows["ndim"][:, j] = ndims
+        kinds = np.unique(ndims).tolist()
+        for d in kinds:
+            if len(kinds) == 1:
+                pick: Any = slice(None)
+                shapes = col.shapes
+            else:
+                pick = np.flatnonzero(ndims == d)
+                shapes = [col.shapes[i] for i in pick.tolist()]
+            dims = np.fromiter(itertools.chain.from_iterable(shapes), np.int32, len(shapes) * d)
+            rows["shape"][pick, j, :d] = dims.reshape(len(shapes), d)
+    return rows
+
+
+def encode_run(records: Sequence[Mapping[str, Any]], specs: Sequence[FieldSpec], cctx: Any, key_of: Callable[[int], str]) -> EncodedRun:
+    """Encode ``records`` into members; ``key_of(i)`` is record ``i``'s key (for error messages).
+
+    ``cctx`` is a zstd compressor, or None for raw payloads. Raises
+    :class:`MemberError` for a record that does not fit the schema.
+    """
+    raw = cctx is None
+    columns = []
+    for spec, vals in zip(specs, _values(records, specs)):
+        make = _json_column if spec.is_json else _array_column
+        columns.append(make(spec, vals, raw, key_of))
+    rows = _rows(columns, len(records))
+    plen = np.array([[len(h) for h in c.prefixes] for c in columns], np.int64).reshape(len(columns), len(records))
+    raw_len = (plen.T + rows["nbytes"]).reshape(-1)
+    if raw:
+        prefixes, bodies = _record_major([c.prefixes for c in columns]), _record_major([c.bodies for c in columns])
+        return EncodedRun(prefixes, bodies, raw_len, rows, int(raw_len.sum()))
+    frames = _compress(cctx, _record_major([x for c in columns for x in (c.prefixes, c.bodies)]), raw_len)
+    return EncodedRun(None, frames, np.fromiter(map(len, frames), np.int64, len(frames)), rows, int(raw_len.sum()))
+
+
+def _record_major(columns: list[list[Any]]) -> list[Any]:
+    """Interleave per-field lists (all of one length) into one list in record-major order."""
+    out: list[Any] = [None] * sum(map(len, columns))
+    for j, col in enumerate(columns):
+        out[j :: len(columns)] = col
+    return out
+
+
+def _compress(cctx: Any, pieces: list[Any], raw_len: np.ndarray) -> list[Any]:
+    """One zstd frame per member (``pieces``: prefix and body of each member in turn), batched where the binding can."""
+    if not pieces:
+        return []
+    batch = getattr(cctx, "multi_compress_to_buffer", None)
+    if batch is None:  # the cffi binding: one call per member
+        return [cctx.compress(b"".join(pieces[i : i + 2])) for i in range(0, len(pieces), 2)]
+    import zstandard
+
+    segments = np.empty((len(raw_len), 2), np.uint64)
+    segments[:, 1] = raw_len
+    segments[:, 0] = np.cumsum(raw_len) - raw_len
+    out = batch(zstandard.BufferWithSegments(b"".join(pieces), segments.tobytes()))
+    return [out[i] for i in range(len(raw_len))]
