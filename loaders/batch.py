@@ -114,7 +114,7 @@ class Layout:
             spares = self.__dict__["_spare_buffers"] = _Spares()
         return spares
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_spare_buffers", None)  # buffers stay in their process
         return state
@@ -186,7 +186,7 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     np.copyto(dst.numpy(), src.numpy())
 
 
-class Batch(dict):
+class Batch(dict[str, Any]):
     """A batch as ``key -> tensor``, plus the packed buffer the tensors view (``packed``).
 
     A plain ``dict`` for its users; :func:`loaders.to_device` uses ``packed``
@@ -213,9 +213,10 @@ class PackedBatch:
         self.spec = spec
         self.lease = lease
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         if self.lease is not None:
-            return self.lease.reduce(self.spec)
+            reduced: tuple[Any, ...] = self.lease.reduce(self.spec)
+            return reduced
         return (PackedBatch, (self.buffer, self.spec))
 
     def detach(self) -> "PackedBatch":

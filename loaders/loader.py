@@ -36,7 +36,7 @@ def default_workers() -> int:
     return max(1, min(8, (os.cpu_count() or 2) - 1))
 
 
-class StreamLoader(DataLoader):
+class StreamLoader(DataLoader[Any]):
     """A DataLoader of a :class:`ShardStream` that also has ``set_epoch``, ``state_dict``, ``load_state_dict``.
 
     Iterating it yields ``dict`` batches (:class:`loaders.batch.Batch`) in the
@@ -138,7 +138,7 @@ class StreamLoader(DataLoader):
         return len(self.stream)
 
 
-def loader_state(loader: DataLoader) -> dict[str, Any]:
+def loader_state(loader: DataLoader[Any]) -> dict[str, Any]:
     """The exact resume state of any DataLoader over a :class:`ShardStream`, after the batches it handed out.
 
     A :class:`StreamLoader` (``make_loader``) knows it: its ``state_dict()``. A

@@ -36,7 +36,7 @@ unchanged: a pure function of integers, every item once, O(1) resume.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -164,7 +164,7 @@ class BatchItems:
     pool_index: np.ndarray | None = None
     pool_size: int = 0
     pool_span: int = 0
-    plan_key: tuple = ()
+    plan_key: tuple[Any, ...] = ()
     pool_records: Callable[[int], np.ndarray] | None = None  # pool q -> its record ids (a store decodes whole pools)
 
 
@@ -231,7 +231,7 @@ class EpochPlan:
     chunk: int = 1
     pools: np.ndarray | None = None
     pool_items: np.ndarray | None = None
-    _tables: dict = field(default_factory=dict, compare=False, repr=False)
+    _tables: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(

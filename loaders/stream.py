@@ -91,7 +91,7 @@ def shard_schedule(per_batch: list[np.ndarray]) -> tuple[list[list[int]], list[l
     return opens, closes
 
 
-class ShardStream(IterableDataset):
+class ShardStream(IterableDataset[dict[str, Any]]):
     """Fixed-shape batches of a cache, planned per epoch, split across ranks and workers.
 
     Args:
@@ -169,7 +169,7 @@ class ShardStream(IterableDataset):
         self._progress = Progress()
         self._control = Control()
         self._control.instruct_generation(self.generation)
-        self._worker_load: tuple | None = None  # a state loaded inside a worker (torchdata): epoch, start, yielded, rank, world
+        self._worker_load: tuple[Any, ...] | None = None  # a state loaded inside a worker (torchdata): epoch, start, yielded, rank, world
         self._worker_pass: list[int] | None = None  # this worker's pass: epoch, start, worker, workers, rank, world, yielded
         self._emit_packed = False  # set on the copy a loader drives (see for_loader)
         self._reader: ShardSet | None = None
@@ -196,7 +196,7 @@ class ShardStream(IterableDataset):
             self.manifest, self._lease = open_newest(self.root)
             check_shard_files(self.manifest, self.root)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_reader"], state["_reader_pid"], state["_plan_cache"] = None, -1, None
         return state

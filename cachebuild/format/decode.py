@@ -33,6 +33,7 @@ from cachebuild.format.index_check import frame_headers, parse_frame_headers
 from cachebuild.format.limits import MAX_NPY_HEADER, load_json_bounded
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.reader import ShardSet
+from cachebuild.format.zstd_output import OutputBuffer, packed_offsets
 
 try:  # ISA-L's crc32: zlib's checksum, about 4x faster (raw caches check every member read); zlib is the fallback
     from isal.isal_zlib import crc32
@@ -80,16 +81,6 @@ class FieldBlock:
         out = np.empty((len(self.shapes),) + shape, dtype=self.dtype)
         self.scatter(out)
         return out
-
-
-class _Memory:
-    """A read-only numpy view of one of zstd's output buffers that keeps the buffer alive: zstd's
-    ``BufferWithSegmentsCollection`` exposes each decoded member, not the contiguous buffer behind
-    a run of members; this exports that buffer (address and size from its first member) with ``owner``."""
-
-    def __init__(self, addr: int, size: int, owner: Any):
-        self.__array_interface__ = {"data": (addr, True), "shape": (size,), "typestr": "|u1", "version": 3}
-        self.owner = owner
 
 
 @lru_cache(maxsize=64)
@@ -221,7 +212,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
         raise _corrupt(shards, ids, names, fr, i, "zstd: " + _ITEM_RE.sub("frame", str(exc))) from exc  # the record is named; the block position is not news
     n = len(payloads)
     lens = np.frombuffer(sizes, np.uint64).astype(np.int64)  # zstd checked: each frame decoded to exactly its declared size
-    offs = _packed_offsets(out, lens)
+    offs = packed_offsets(out, lens)
     if offs is None:  # several output buffers: ask for each member's place
         segs = [out[i] for i in range(n)]
         offs = np.fromiter((sg.offset for sg in segs), np.int64, n)
@@ -237,44 +228,12 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     for a, b in zip(starts.tolist(), ends.tolist()):
         size = int(offs[b - 1] + lens[b - 1])
         addr = np.frombuffer(out[a], np.uint8).ctypes.data  # type: ignore[call-overload]  # a BufferSegment is a buffer
-        buffers.append(np.asarray(_Memory(addr, size, out)))
+        buffers.append(np.asarray(OutputBuffer(addr, size, out)))
     data_off = offs + lens - fr.nbytes
     stride_ok = np.ones(n, bool)
     if n > 1:
         stride_ok[1:] = (offs[1:] == offs[:-1] + lens[:-1]) & (lens[1:] == lens[:-1])
     return buffers, buf_id, data_off, (out, stride_ok)
-
-
-def _packed_offsets(out: Any, lens: np.ndarray) -> np.ndarray | None:
-    """Each member's offset in its zstd output buffer, a few Python calls per buffer (not one per member).
-
-    Members are written back to back, a new buffer starting when one is full: inside a buffer an offset
-    is the running sum of lengths since its first member, after a new start it is strictly smaller
-    (lengths > 0), so each buffer's start is found by bisection. ``None`` when a member is empty.
-    """
-    n = len(lens)
-    if n == 0 or not (lens > 0).all():
-        return None
-    offs = np.empty(n, np.int64)
-    start = 0
-    while start < n:
-        run = np.zeros(n - start, np.int64)
-        np.cumsum(lens[start:-1], out=run[1:])
-        if out[n - 1].offset == int(run[-1]):
-            offs[start:] = run
-            break
-        lo, hi = start + 1, n - 1  # members before lo match, member hi does not
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if out[mid].offset == int(run[mid - start]):
-                lo = mid + 1
-            else:
-                hi = mid
-        if out[lo].offset != 0:
-            return None
-        offs[start:lo] = run[: lo - start]
-        start = lo
-    return offs
 
 
 def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, payloads: Sequence[bytes | bytearray | memoryview]) -> bytes:

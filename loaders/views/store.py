@@ -22,7 +22,7 @@ records into fresh arrays, as a per-batch block.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -59,10 +59,10 @@ class RecordStore:
         self.arrays: dict[str, np.ndarray] | None = None
         self.size = self.span = 0
         self.held = np.zeros(0, np.int64)  # pool id per region, -1 when free
-        self.epoch_key: tuple | None = None
+        self.epoch_key: tuple[Any, ...] | None = None
         self.done = np.zeros(0, bool)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)  # a pickled stream (DataLoader workers) carries no decoded records
         state.update(arrays=None, size=0, span=0, held=np.zeros(0, np.int64), epoch_key=None, done=np.zeros(0, bool))
         return state
