@@ -42,6 +42,7 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check cachebuild loaders tests benchmarks examples
+	$(BIN)/ruff format --check cachebuild loaders tests benchmarks examples
 
 types: venv
 	$(BIN)/mypy

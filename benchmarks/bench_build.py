@@ -106,7 +106,12 @@ def codec_rows(codec: str, runs: dict[str, list[dict[str, float]]], lim: dict[st
     rows = [(f"{codec}: ideal ({'generation + zstd' if codec == 'zstd' else 'generation'}) / {cores} cores", f"{ideal:.1f} s ({per_graph:.0f} us CPU per graph)")]
     stored = statistics.median(r["stored"] for rs in runs.values() for r in rs) / graphs
     floor = lim["json_us"] + stored / lim["sha256_Bps"] * 1e6 + (lim["raw_bytes"] / lim["crc32_Bps"] * 1e6 if codec == "none" else 0.0)
-    rows.append((f"{codec}: the format's floor on top (JSON, sha256{', crc32' if codec == 'none' else ''})", f"{floor:.0f} us per graph ({stored / 1e3:.1f} KB stored per graph): ideal + floor = {graphs * (per_graph + floor) / 1e6 / cores:.1f} s"))
+    rows.append(
+        (
+            f"{codec}: the format's floor on top (JSON, sha256{', crc32' if codec == 'none' else ''})",
+            f"{floor:.0f} us per graph ({stored / 1e3:.1f} KB stored per graph): ideal + floor = {graphs * (per_graph + floor) / 1e6 / cores:.1f} s",
+        )
+    )
     for name, rs in runs.items():
         wall = [r["wall"] for r in rs]
         cpu = statistics.median(r["cpu"] for r in rs)
@@ -166,7 +171,10 @@ def main() -> None:
                 print(f"round {r + 1} {codec} {name}: {runs[codec][name][-1]}", flush=True)
     rows = [
         ("graphs", f"{args.graphs:,} ({lim['raw_bytes'] / 1e3:.1f} KB raw each), {cores} workers, zstd level {args.level}, out {args.out}"),
-        ("limits per graph, 1 core", f"generation {lim['gen_us']:.0f} us, zstd {lim['zstd_us']:.0f} us, JSON encoding {lim['json_us']:.1f} us; sha256 {lim['sha256_Bps'] / 1e9:.2f} GB/s, crc32 {lim['crc32_Bps'] / 1e9:.2f} GB/s"),
+        (
+            "limits per graph, 1 core",
+            f"generation {lim['gen_us']:.0f} us, zstd {lim['zstd_us']:.0f} us, JSON encoding {lim['json_us']:.1f} us; sha256 {lim['sha256_Bps'] / 1e9:.2f} GB/s, crc32 {lim['crc32_Bps'] / 1e9:.2f} GB/s",
+        ),
         ("code trees", ", ".join(f"{n} = {p}" for n, p in codes.items())),
     ]
     for codec in codecs:

@@ -57,8 +57,15 @@ def measure(tree: Path, kind: str, path: Path, workers: int, batch: int, limit: 
     env = dict(os.environ, PYTHONPATH=f"{tree}:{tree / 'benchmarks'}:{HERE}")
     for _ in range(tries):
         try:
-            out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(path), str(workers), str(batch), str(limit), json.dumps(opts)],
-                                 env=env, cwd=tree, capture_output=True, text=True, check=False, timeout=limit + 90)
+            out = subprocess.run(
+                [sys.executable, "-c", _CHILD, kind, str(path), str(workers), str(batch), str(limit), json.dumps(opts)],
+                env=env,
+                cwd=tree,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=limit + 90,
+            )
         except subprocess.TimeoutExpired:
             print(f"  {kind} w{workers} in {tree}: no result, run again", flush=True)
             continue
@@ -107,10 +114,13 @@ def main() -> None:
             print(f"litdata not installed ({exc}); skipped", flush=True)
         cases = []
         for w in (0, 2):
-            cases += [(f"graphs zstd w{w}", "graphs", causal["zstd"], w, 256, {}), (f"graphs raw w{w}", "graphs", causal["none"], w, 256, {}),
-                      (f"twins compact zstd w{w}", "twins", causal["zstd"], w, 4096, {"compact": True}),
-                      (f"twins full rows zstd w{w}", "twins", causal["zstd"], w, 4096, {}),
-                      (f"mel view raw w{w}", "mel", work / "mel-none", w, 8192, {})]
+            cases += [
+                (f"graphs zstd w{w}", "graphs", causal["zstd"], w, 256, {}),
+                (f"graphs raw w{w}", "graphs", causal["none"], w, 256, {}),
+                (f"twins compact zstd w{w}", "twins", causal["zstd"], w, 4096, {"compact": True}),
+                (f"twins full rows zstd w{w}", "twins", causal["zstd"], w, 4096, {}),
+                (f"mel view raw w{w}", "mel", work / "mel-none", w, 8192, {}),
+            ]
         peer_cases = [(f"litdata {c} w{w}", "litdata", p, w, 256, {}) for c, p in lit.items() for w in (0, 2)]
         peer_cases += [("limit zstd (all cores)", "limit", causal["zstd"], 0, 0, {}), ("limit raw gather (all cores)", "limit", causal["none"], 0, 0, {})]
         runs: dict[str, list[float]] = {}
@@ -130,12 +140,12 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in runs.items()}
         rows = _rows(cases, runs, med)
         rows += _targets(med, rows_per_graph(causal["zstd"]))
-        notes = [f"old = {args.old}, new = this tree; {args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, "
-                 "each in a fresh process; medians (every run in brackets)",
-                 f"data: {args.graphs} causal graphs (default recipe) zstd and raw, {args.mel_files} mel files raw, in {work}; "
-                 "graphs batch 256, twins batch 4096 rows, mel batch 8192 segments",
-                 f"total {time.time() - t0:.0f} s; load average at start {tuple(round(x, 2) for x in load0)}, at end "
-                 f"{tuple(round(x, 2) for x in os.getloadavg())} ({os.cpu_count()} cores shared with other processes)"]
+        notes = [
+            f"old = {args.old}, new = this tree; {args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, each in a fresh process; medians (every run in brackets)",
+            f"data: {args.graphs} causal graphs (default recipe) zstd and raw, {args.mel_files} mel files raw, in {work}; graphs batch 256, twins batch 4096 rows, mel batch 8192 segments",
+            f"total {time.time() - t0:.0f} s; load average at start {tuple(round(x, 2) for x in load0)}, at end "
+            f"{tuple(round(x, 2) for x in os.getloadavg())} ({os.cpu_count()} cores shared with other processes)",
+        ]
         if args.no_record:
             for k, v in rows:
                 print(f"{k}: {v}")
@@ -149,8 +159,9 @@ def _rows(cases: list, runs: dict[str, list[float]], med: dict[str, float]) -> l
     rows = []
     for label, *_ in cases:
         old, new = med[f"{label} old"], med[f"{label} new"]
-        rows.append((label, f"old {old:,.0f}/s, new {new:,.0f}/s: {new / old:.2f}x "
-                            f"(old {', '.join(f'{v:,.0f}' for v in runs[f'{label} old'])}; new {', '.join(f'{v:,.0f}' for v in runs[f'{label} new'])})"))
+        rows.append(
+            (label, f"old {old:,.0f}/s, new {new:,.0f}/s: {new / old:.2f}x (old {', '.join(f'{v:,.0f}' for v in runs[f'{label} old'])}; new {', '.join(f'{v:,.0f}' for v in runs[f'{label} new'])})")
+        )
     for label in runs:
         if label.startswith(("litdata", "limit")):
             rows.append((label, f"{med[label]:,.0f}/s ({', '.join(f'{v:,.0f}' for v in runs[label])})"))
@@ -169,6 +180,7 @@ def rows_per_graph(cache: Path) -> float:
 
 def _targets(med: dict[str, float], per_graph: float) -> list[tuple[str, str]]:
     """The issue's targets, from the medians (best of 0 and 2 workers)."""
+
     def best(prefix: str, tree: str = "new") -> float:
         return max(med.get(f"{prefix} w{w} {tree}", float("nan")) for w in (0, 2))
 
@@ -178,9 +190,15 @@ def _targets(med: dict[str, float], per_graph: float) -> list[tuple[str, str]]:
     out = [
         ("target: graphs zstd vs LitData zstd", f"{z / lit_z:.2f}x (target >= 3x; old {best('graphs zstd', 'old') / lit_z:.2f}x)"),
         ("target: graphs zstd vs zstd limit (all cores)", f"{z / med['limit zstd (all cores)']:.0%} (target >= 70%; old {best('graphs zstd', 'old') / med['limit zstd (all cores)']:.0%})"),
-        ("target: graphs raw vs gather limit (all cores)", f"{raw / med['limit raw gather (all cores)']:.0%} (target >= 50%; old {best('graphs raw', 'old') / med['limit raw gather (all cores)']:.0%})"),
-        ("target: twins compact vs the graphs-view ceiling", f"{best('twins compact zstd') / ceiling:.0%} of {ceiling:,.0f} rows/s ({per_graph:.0f} rows per graph; "
-                                                              f"target >= 60%; old {best('twins compact zstd', 'old') / (best('graphs zstd', 'old') * per_graph):.0%} of its own ceiling)"),
+        (
+            "target: graphs raw vs gather limit (all cores)",
+            f"{raw / med['limit raw gather (all cores)']:.0%} (target >= 50%; old {best('graphs raw', 'old') / med['limit raw gather (all cores)']:.0%})",
+        ),
+        (
+            "target: twins compact vs the graphs-view ceiling",
+            f"{best('twins compact zstd') / ceiling:.0%} of {ceiling:,.0f} rows/s ({per_graph:.0f} rows per graph; "
+            f"target >= 60%; old {best('twins compact zstd', 'old') / (best('graphs zstd', 'old') * per_graph):.0%} of its own ceiling)",
+        ),
     ]
     for view in ("graphs zstd", "graphs raw", "twins compact zstd", "twins full rows zstd", "mel view raw"):
         for tree in ("old", "new"):

@@ -59,8 +59,14 @@ def drain(loader, count, step_ms: float, seconds: float) -> dict:
         sm, n = bench_drain(lambda epoch: loader, count, sleeper(step_ms), seconds, None)
     finally:
         shutdown_workers(loader)
-    return {"wait_fraction": sm.wait_fraction, "samples_per_s": sm.samples_per_s or 0.0, "first_batch_s": sm.first_batch_s or 0.0,
-            "wait_p95_ms": sm.wait_p95_ms, "batches": n, "wait_ms": sm.wait_s / max(1, sm.steps) * 1e3}
+    return {
+        "wait_fraction": sm.wait_fraction,
+        "samples_per_s": sm.samples_per_s or 0.0,
+        "first_batch_s": sm.first_batch_s or 0.0,
+        "wait_p95_ms": sm.wait_p95_ms,
+        "batches": n,
+        "wait_ms": sm.wait_s / max(1, sm.steps) * 1e3,
+    }
 
 
 def floor(step_ms: float, seconds: float, nbytes: int) -> dict:
@@ -80,16 +86,14 @@ def floor(step_ms: float, seconds: float, nbytes: int) -> dict:
 def baseline_causal(batch: int, workers: int, step_ms: float, seconds: float) -> dict:
     from user_pipeline import UserStyleCausalDataset, collate_fn_pad
 
-    loader = torch.utils.data.DataLoader(UserStyleCausalDataset(max_nodes=10, seed=0), batch_size=batch, collate_fn=collate_fn_pad,
-                                         num_workers=workers, persistent_workers=workers > 0)
+    loader = torch.utils.data.DataLoader(UserStyleCausalDataset(max_nodes=10, seed=0), batch_size=batch, collate_fn=collate_fn_pad, num_workers=workers, persistent_workers=workers > 0)
     return drain(loader, lambda b: len(b["target_row"]), step_ms, seconds)
 
 
 def baseline_mel(h5: Path, batch: int, workers: int, step_ms: float, seconds: float) -> dict:
     from bench_mel import UserSegmentDataset
 
-    loader = torch.utils.data.DataLoader(UserSegmentDataset(h5), batch_size=batch, shuffle=True, num_workers=workers,
-                                         persistent_workers=workers > 0)
+    loader = torch.utils.data.DataLoader(UserSegmentDataset(h5), batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
     return drain(loader, lambda b: len(b[1]), step_ms, seconds)
 
 
@@ -166,9 +170,14 @@ def main() -> None:
         def ours(key: str, cache: Path, view: str, batch: int, workers: int) -> None:
             log(f"ours {key}")
             r = run_bench(cache, view=view, batch_size=batch, workers=workers, seconds=sec, step_ms=S, sample=2)
-            res[key] = {"wait_fraction": r.wait_fraction, "samples_per_s": r.samples_per_s, "first_batch_s": r.first_batch_s,
-                        "wait_p95_ms": r.wait_p95_ms, "batches": r.batches,
-                        "wait_ms": r.wait_fraction * r.wall_s / max(1, r.batches - 1) * 1e3}
+            res[key] = {
+                "wait_fraction": r.wait_fraction,
+                "samples_per_s": r.samples_per_s,
+                "first_batch_s": r.first_batch_s,
+                "wait_p95_ms": r.wait_p95_ms,
+                "batches": r.batches,
+                "wait_ms": r.wait_fraction * r.wall_s / max(1, r.batches - 1) * 1e3,
+            }
 
         res["floor"] = floor(S, sec, 1_300_000)
         for w in (1, 2):
@@ -182,12 +191,13 @@ def main() -> None:
 
         def line(key: str, unit: str) -> str:
             r = res[key]
-            return (f"wait {pct(r['wait_fraction'])} ({r['wait_ms']:.2f} ms/step, p95 {r['wait_p95_ms']:.1f} ms), {r['samples_per_s']:,.0f} {unit}/s, "
-                    f"first batch {r['first_batch_s']:.2f} s, {r['batches']} batches")
+            return (
+                f"wait {pct(r['wait_fraction'])} ({r['wait_ms']:.2f} ms/step, p95 {r['wait_p95_ms']:.1f} ms), {r['samples_per_s']:,.0f} {unit}/s, "
+                f"first batch {r['first_batch_s']:.2f} s, {r['batches']} batches"
+            )
 
         fl = res["floor"]
-        rows.append((f"floor: in-memory iterator, one 1.3 MB numpy copy per step, {S:g} ms consumer",
-                     f"wait {pct(fl['wait_fraction'])} ({fl['wait_ms']:.2f} ms/step, p95 {fl['wait_p95_ms']:.1f} ms)"))
+        rows.append((f"floor: in-memory iterator, one 1.3 MB numpy copy per step, {S:g} ms consumer", f"wait {pct(fl['wait_fraction'])} ({fl['wait_ms']:.2f} ms/step, p95 {fl['wait_p95_ms']:.1f} ms)"))
         for w in (1, 2):
             rows.append((f"ours `twins` compact, batch {args.batch} rows, {w} worker(s)", line(f"twins w{w}", "rows")))
             rows.append((f"ours `graphs`, batch {args.graph_batch} graphs, {w} worker(s)", line(f"graphs w{w}", "graphs")))

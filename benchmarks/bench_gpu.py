@@ -50,8 +50,7 @@ def log(msg: str) -> None:
 
 
 def env_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0),
-                            "cores": os.cpu_count()}
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0), "cores": os.cpu_count()}
     try:
         import pynvml
 
@@ -111,8 +110,12 @@ def h2d(caches: dict[str, Path]) -> dict[str, Any]:
     from loaders.device import _packed_of, move
 
     dev = torch.device("cuda")
-    cases = [("twins compact", "causal", "twins", 16384, {"compact": True}), ("twins full rows", "causal", "twins", 4096, {}),
-             ("graphs", "causal", "graphs", 1024, {}), ("mel", "mel", "mel", 8192, {})]
+    cases = [
+        ("twins compact", "causal", "twins", 16384, {"compact": True}),
+        ("twins full rows", "causal", "twins", 4096, {}),
+        ("graphs", "causal", "graphs", 1024, {}),
+        ("mel", "mel", "mel", 8192, {}),
+    ]
     res: dict[str, Any] = {}
     for name, cache, view, bs, kw in cases:
         batches = pinned_batches(caches[cache], view, bs, **kw)
@@ -127,10 +130,19 @@ def h2d(caches: dict[str, Path]) -> dict[str, Any]:
         ref = median_ms(lambda: dst.copy_(pinned_src, non_blocking=True))
         page = median_ms(lambda: dst.copy_(page_src, non_blocking=True))
         gbs = lambda ms: nbytes / ms / 1e6  # noqa: E731
-        res[name] = {"batch": bs, "bytes": nbytes, "packed": packed is not None,
-                     "pinned": bool(packed.buffer.is_pinned()) if packed is not None else None,
-                     "ours_ms": ours, "pinned_copy_ms": ref, "pageable_ms": page,
-                     "ours_gbs": gbs(ours), "pinned_gbs": gbs(ref), "pageable_gbs": gbs(page), "ours_vs_pinned": ref / ours}
+        res[name] = {
+            "batch": bs,
+            "bytes": nbytes,
+            "packed": packed is not None,
+            "pinned": bool(packed.buffer.is_pinned()) if packed is not None else None,
+            "ours_ms": ours,
+            "pinned_copy_ms": ref,
+            "pageable_ms": page,
+            "ours_gbs": gbs(ours),
+            "pinned_gbs": gbs(ref),
+            "pageable_gbs": gbs(page),
+            "ours_vs_pinned": ref / ours,
+        }
         log(f"h2d {name}: {nbytes / 1e6:.1f} MB, ours {gbs(ours):.1f} GB/s, pinned copy_ {gbs(ref):.1f}, pageable {gbs(page):.1f}")
     return res
 
@@ -176,8 +188,7 @@ def trace_overlap(trace_json: dict) -> dict[str, Any]:
             covered += max(0.0, min(b, kernels[i][1]) - max(a, kernels[i][0]))
             i += 1
     kinds = sorted({c.get("name", "") for c in copies})
-    return {"h2d_copies": len(copies), "h2d_us": total, "h2d_overlapped_us": covered,
-            "overlap_share": covered / total if total else None, "copy_kinds": kinds}
+    return {"h2d_copies": len(copies), "h2d_us": total, "h2d_overlapped_us": covered, "overlap_share": covered / total if total else None, "copy_kinds": kinds}
 
 
 def overlap(caches: dict[str, Path], out_dir: Path, steps: int = 40) -> dict[str, Any]:
@@ -203,8 +214,7 @@ def overlap(caches: dict[str, Path], out_dir: Path, steps: int = 40) -> dict[str
     t_both = median_ms(through_to_device, reps=5, warm=1)
     t_serial = median_ms(serial, reps=5, warm=1)
     hidden = (t_step + t_copy - t_both) / t_copy if t_copy else None
-    res: dict[str, Any] = {"steps": steps, "step_ms": t_step / steps, "copy_ms": t_copy / steps, "to_device_ms": t_both / steps,
-                           "serial_ms": t_serial / steps, "copy_hidden_share": hidden}
+    res: dict[str, Any] = {"steps": steps, "step_ms": t_step / steps, "copy_ms": t_copy / steps, "to_device_ms": t_both / steps, "serial_ms": t_serial / steps, "copy_hidden_share": hidden}
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -216,8 +226,10 @@ def overlap(caches: dict[str, Path], out_dir: Path, steps: int = 40) -> dict[str
     with open(path, "rb") as src, gzip.open(str(path) + ".gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     path.unlink()
-    log(f"overlap: step {res['step_ms']:.2f} ms, copy {res['copy_ms']:.2f} ms, to_device {res['to_device_ms']:.2f} ms/step, "
-        f"serial {res['serial_ms']:.2f} ms/step, hidden {hidden:.0%}, trace overlap {res['overlap_share']}")
+    log(
+        f"overlap: step {res['step_ms']:.2f} ms, copy {res['copy_ms']:.2f} ms, to_device {res['to_device_ms']:.2f} ms/step, "
+        f"serial {res['serial_ms']:.2f} ms/step, hidden {hidden:.0%}, trace overlap {res['overlap_share']}"
+    )
     return res
 
 
@@ -231,8 +243,7 @@ def model_step_ms(kind: str, batch: int, size: int) -> float:
     if kind.startswith("causal"):
         n = 10
         model = TwinMLP(n, size).to(dev)
-        args = (torch.randn(batch, n, device=dev), torch.zeros(batch, n, device=dev), torch.randn(batch, device=dev),
-                torch.randn(batch, 2 * n + n * n, device=dev))
+        args = (torch.randn(batch, n, device=dev), torch.zeros(batch, n, device=dev), torch.randn(batch, device=dev), torch.randn(batch, 2 * n + n * n, device=dev))
         target = torch.randn(batch, n, device=dev)
     else:
         model = MelCNN(size).to(dev)
@@ -250,8 +261,22 @@ def model_step_ms(kind: str, batch: int, size: int) -> float:
     return median_ms(step, reps=30, warm=5)
 
 
-_TRAINER_KEYS = ("steps", "samples_per_s", "wait_fraction", "gpu_idle_fraction", "gpu_idle_ms_per_step", "gpu_util_mean", "wait_p95_ms",
-                 "first_batch_s", "cpu_percent", "process_s", "gap_p50_ms", "gap_p99_ms", "gap_max_ms", "idle_in_gaps_over_5ms_ms")
+_TRAINER_KEYS = (
+    "steps",
+    "samples_per_s",
+    "wait_fraction",
+    "gpu_idle_fraction",
+    "gpu_idle_ms_per_step",
+    "gpu_util_mean",
+    "wait_p95_ms",
+    "first_batch_s",
+    "cpu_percent",
+    "process_s",
+    "gap_p50_ms",
+    "gap_p99_ms",
+    "gap_max_ms",
+    "idle_in_gaps_over_5ms_ms",
+)
 
 
 def run_trainer(script: str, extra: list[str], seconds: float) -> dict[str, Any]:
@@ -266,8 +291,7 @@ def run_trainer(script: str, extra: list[str], seconds: float) -> dict[str, Any]
     return d
 
 
-def trainers(caches: dict[str, Path], workers: list[int], seconds: float, out_dir: Path,
-             res: dict[str, Any], save: Callable[[], None]) -> dict[str, Any]:
+def trainers(caches: dict[str, Path], workers: list[int], seconds: float, out_dir: Path, res: dict[str, Any], save: Callable[[], None]) -> dict[str, Any]:
     """Every trainer run, filling ``res`` (saved after each run, so a cut-off sweep keeps what it measured)."""
     from train_mel import write_h5_from_cache
 
@@ -336,7 +360,7 @@ def expand(caches: dict[str, Path], workers: int, seconds: float, batch: int = 1
 def bench_cli(caches: dict[str, Path], workers: int) -> dict[str, Any]:
     out = cli("bench", str(caches["causal"]), "--view", "twins", "--workers", str(workers), "--consumer", "model", "--seconds", "6", "--json")
     text = out.strip()
-    return json.loads(text[text.index("{"):])
+    return json.loads(text[text.index("{") :])
 
 
 # --------------------------------------------------------------------------- report
@@ -351,14 +375,21 @@ def _num(v: Any, fmt: str = ",.0f") -> str:
 def table(r: dict[str, Any]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     for name, d in r.get("h2d", {}).items():
-        rows.append((f"H2D {name} ({d['bytes'] / 1e6:.1f} MB/batch): ours / pinned `copy_` / pageable",
-                     f"{d['ours_gbs']:.1f} / {d['pinned_gbs']:.1f} / {d['pageable_gbs']:.1f} GB/s (packed {d['packed']}, pinned {d['pinned']})"))
+        rows.append(
+            (
+                f"H2D {name} ({d['bytes'] / 1e6:.1f} MB/batch): ours / pinned `copy_` / pageable",
+                f"{d['ours_gbs']:.1f} / {d['pinned_gbs']:.1f} / {d['pageable_gbs']:.1f} GB/s (packed {d['packed']}, pinned {d['pinned']})",
+            )
+        )
     o = r.get("overlap")
     if o:
-        rows.append(("overlap: step / copy / to_device / copy-then-step, ms per step",
-                     f"{o['step_ms']:.2f} / {o['copy_ms']:.2f} / {o['to_device_ms']:.2f} / {o['serial_ms']:.2f}"))
-        rows.append(("overlap: copy time hidden (wall) / H2D time under a kernel (profiler)",
-                     f"{_pct(o['copy_hidden_share'])} / {_pct(o['overlap_share'])} ({o['h2d_copies']} copies: {', '.join(o['copy_kinds'])})"))
+        rows.append(("overlap: step / copy / to_device / copy-then-step, ms per step", f"{o['step_ms']:.2f} / {o['copy_ms']:.2f} / {o['to_device_ms']:.2f} / {o['serial_ms']:.2f}"))
+        rows.append(
+            (
+                "overlap: copy time hidden (wall) / H2D time under a kernel (profiler)",
+                f"{_pct(o['copy_hidden_share'])} / {_pct(o['overlap_share'])} ({o['h2d_copies']} copies: {', '.join(o['copy_kinds'])})",
+            )
+        )
     for key, d in r.get("trainers", {}).items():
         if isinstance(d, float):
             rows.append((key, f"{d:.2f}"))
@@ -367,10 +398,20 @@ def table(r: dict[str, Any]) -> list[tuple[str, str]]:
         else:
             step = r["trainers"].get(f"{key.split()[0]} model step alone ms")
             alone = f" ({d['samples_per_s'] * step / 1e3 / d['batch']:.0%} of the model alone)" if step and d.get("samples_per_s") else ""
-            gaps = (f"; idle gaps p50 {_num(d.get('gap_p50_ms'), '.3f')} / p99 {_num(d.get('gap_p99_ms'), '.2f')} / max {_num(d.get('gap_max_ms'), '.1f')} ms, "
-                    f"{_num(d.get('idle_in_gaps_over_5ms_ms'), '.0f')} ms in gaps > 5 ms") if d.get("gap_p50_ms") is not None else ""
-            rows.append((f"{key}: GPU idle (events) / GPU util (NVML) / loop wait / samples/s",
-                         f"{_pct(d['gpu_idle_fraction'])} / {_num(d['gpu_util_mean'], '.1f')} % / {_pct(d['wait_fraction'])} / {_num(d['samples_per_s'])}{alone}{gaps}"))
+            gaps = (
+                (
+                    f"; idle gaps p50 {_num(d.get('gap_p50_ms'), '.3f')} / p99 {_num(d.get('gap_p99_ms'), '.2f')} / max {_num(d.get('gap_max_ms'), '.1f')} ms, "
+                    f"{_num(d.get('idle_in_gaps_over_5ms_ms'), '.0f')} ms in gaps > 5 ms"
+                )
+                if d.get("gap_p50_ms") is not None
+                else ""
+            )
+            rows.append(
+                (
+                    f"{key}: GPU idle (events) / GPU util (NVML) / loop wait / samples/s",
+                    f"{_pct(d['gpu_idle_fraction'])} / {_num(d['gpu_util_mean'], '.1f')} % / {_pct(d['wait_fraction'])} / {_num(d['samples_per_s'])}{alone}{gaps}",
+                )
+            )
     for key, d in r.get("expand", {}).items():
         rows.append((f"twins on GPU, {key}", f"{d:.2f}x" if isinstance(d, float) else f"{d['rows_per_s']:,.0f} rows/s ({d['workers']} workers, batch {d['batch']})"))
     b = r.get("bench_cli")
@@ -422,22 +463,28 @@ def main() -> int:
 
     log(f"environment: {r['env']}")
     caches = build_caches(root, 4000 if args.quick else 20000, 1024 if args.quick else 8192)
-    jobs = {"h2d": lambda: h2d(caches), "overlap": lambda: overlap(caches, out_dir),
-            "trainers": lambda: trainers(caches, workers, seconds, root, r.setdefault("trainers", {}), save), "expand": lambda: expand(caches, max(workers), seconds),
-            "bench_cli": lambda: bench_cli(caches, max(workers))}
+    jobs = {
+        "h2d": lambda: h2d(caches),
+        "overlap": lambda: overlap(caches, out_dir),
+        "trainers": lambda: trainers(caches, workers, seconds, root, r.setdefault("trainers", {}), save),
+        "expand": lambda: expand(caches, max(workers), seconds),
+        "bench_cli": lambda: bench_cli(caches, max(workers)),
+    }
     for name in args.sections.split(","):
         runs = len(workers) * 5 + 6 if name == "trainers" else 1  # the sweep's runs, each ~seconds + 12 s of start-up
         section(r, name, jobs[name], limit_s=max(420.0, runs * (seconds + 20)))
         save()
     rows = table(r)
     env = r["env"]
-    notes = [f"device {env['device']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['cuda']}), {env['cores']} CPU cores",
-             "trainers: no per-step CUDA synchronisation (the GPU queue stays full). GPU idle = device time between the end of "
-             "step i's work and the arrival of batch i+1 on the trainer's stream (CUDA events, loaders.gpu_idle), over the device "
-             "time of the run: the starvation that matters. Loop wait = time blocked in next(): with an asynchronous GPU the loop "
-             "must block somewhere, and blocking while the GPU has queued work costs nothing. GPU util = NVML, sampled every 0.2 s "
-             "after the warm-up step. 'of the model alone' = samples/s over the rate of the model's step on a GPU-resident batch",
-             "causal: TwinMLP hidden 1024, batch 16,384 twin rows; mel: MelCNN width 128, batch 8,192 segments"]
+    notes = [
+        f"device {env['device']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['cuda']}), {env['cores']} CPU cores",
+        "trainers: no per-step CUDA synchronisation (the GPU queue stays full). GPU idle = device time between the end of "
+        "step i's work and the arrival of batch i+1 on the trainer's stream (CUDA events, loaders.gpu_idle), over the device "
+        "time of the run: the starvation that matters. Loop wait = time blocked in next(): with an asynchronous GPU the loop "
+        "must block somewhere, and blocking while the GPU has queued work costs nothing. GPU util = NVML, sampled every 0.2 s "
+        "after the warm-up step. 'of the model alone' = samples/s over the rate of the model's step on a GPU-resident batch",
+        "causal: TwinMLP hidden 1024, batch 16,384 twin rows; mel: MelCNN width 128, batch 8,192 segments",
+    ]
     md = "\n".join(["| measure | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in rows] + [""] + [f"- {n}" for n in notes])
     print(md)
     if args.md:

@@ -184,8 +184,7 @@ class UserSegmentDataset(torch.utils.data.Dataset):
 
 def user_rate(h5: Path, workers: int, batch: int, limit_s: float) -> dict[str, float]:
     def make():
-        return torch.utils.data.DataLoader(UserSegmentDataset(h5), batch_size=batch, shuffle=True, num_workers=workers,
-                                           persistent_workers=workers > 0)
+        return torch.utils.data.DataLoader(UserSegmentDataset(h5), batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
 
     return measure(make, lambda b: len(b[1]), limit_s, 1 + 2 * workers)
 
@@ -367,8 +366,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     rows: list[tuple[str, str]] = []
-    notes: list[str] = [f"work folder {work}; {args.files:,} files x {SEGMENTS} segments = {args.files * SEGMENTS:,} segments; "
-                        f"batch {args.batch:,} segments; {args.limit_s:g} s per measurement; torch threads {torch.get_num_threads()} (1 in (c))"]
+    notes: list[str] = [
+        f"work folder {work}; {args.files:,} files x {SEGMENTS} segments = {args.files * SEGMENTS:,} segments; "
+        f"batch {args.batch:,} segments; {args.limit_s:g} s per measurement; torch threads {torch.get_num_threads()} (1 in (c))"
+    ]
     t_all = time.perf_counter()
     load0 = tuple(round(x, 2) for x in os.getloadavg())
     try:
@@ -383,8 +384,12 @@ def main() -> None:
             summaries[codec] = build(h5, caches[codec], codec)
             summ = summaries[codec]
             log(f"cache {codec}: {summ.records} files, {summ.shards} shards, ratio {summ.ratio:.3f}, {summ.seconds:.1f} s")
-        rows.append(("build from HDF5 (stored mel), zstd / none, 2 workers", f"{summaries['zstd'].records / summaries['zstd'].seconds:,.0f} / "
-                     f"{summaries['none'].records / summaries['none'].seconds:,.0f} files/s"))
+        rows.append(
+            (
+                "build from HDF5 (stored mel), zstd / none, 2 workers",
+                f"{summaries['zstd'].records / summaries['zstd'].seconds:,.0f} / {summaries['none'].records / summaries['none'].seconds:,.0f} files/s",
+            )
+        )
 
         # (a) + (e): our mel view on both codecs; the users' Dataset
         ours: dict[tuple[str, int], dict] = {}
@@ -401,7 +406,9 @@ def main() -> None:
         for w in (0, 2):
             rows.append((f"(a) ours `mel` view, zstd cache, {w} workers", f"{_r(ours['zstd', w]['items_per_s'])} segments/s (first batch {ours['zstd', w]['first_batch_s']:.2f} s)"))
         for w in (0, 2):
-            rows.append((f"(a) users' HDF5 per-item Dataset, {w} workers", f"{_r(user[w]['items_per_s'])} segments/s (first batch {user[w]['first_batch_s']:.2f} s, {user[w]['batches']} batches measured)"))
+            rows.append(
+                (f"(a) users' HDF5 per-item Dataset, {w} workers", f"{_r(user[w]['items_per_s'])} segments/s (first batch {user[w]['first_batch_s']:.2f} s, {user[w]['batches']} batches measured)")
+            )
         for w in (0, 2):
             rows.append((f"(a) speed-up, {w} workers (ours zstd / theirs)", f"{ours['zstd', w]['items_per_s'] / user[w]['items_per_s']:.0f}x"))
         rows.append(("(a) speed-up, best vs best (target >= 20x)", f"{best_ours / best_user:.0f}x"))
@@ -415,7 +422,9 @@ def main() -> None:
             if lit:
                 for w, m in lit.items():
                     log(f"litdata [{w} workers]: {m}")
-                    rows.append((f"(b) LitData, one segment per sample, zstd, {w} workers", f"{_r(m['samples_per_s'])} segments/s (first batch {m['first_batch_s']:.2f} s, {m['batches']} batches measured)"))
+                    rows.append(
+                        (f"(b) LitData, one segment per sample, zstd, {w} workers", f"{_r(m['samples_per_s'])} segments/s (first batch {m['first_batch_s']:.2f} s, {m['batches']} batches measured)")
+                    )
                 best_lit = max(m["samples_per_s"] for m in lit.values())
                 rows.append(("(b) speed-up vs LitData, best vs best (target >= 10x)", f"{best_ours / best_lit:.0f}x"))
             else:
@@ -456,10 +465,14 @@ def main() -> None:
         build_cpu = cpu_used(cpu0, _tree_cpu()) / args.wav_files
         limit_cpu = decode_stft_cpu_s(wav_root)
         workers = min(cores, 2)
-        rows.append((f"(d) build from {args.wav_files:,} WAVs (16-bit, 4096 Hz, 10 s), 2 workers, wall", f"{args.wav_files / wall:,.0f} files/s ({wall:.2f} s incl. worker start; {wav_sum.shards} shards)"))
+        rows.append(
+            (f"(d) build from {args.wav_files:,} WAVs (16-bit, 4096 Hz, 10 s), 2 workers, wall", f"{args.wav_files / wall:,.0f} files/s ({wall:.2f} s incl. worker start; {wav_sum.shards} shards)")
+        )
         rows.append((f"(d) limit: WAV decode + STFT + log-mel alone, {limit_cpu * 1e3:.2f} CPU-ms per file, x {workers} cores", f"{workers / limit_cpu:,.0f} files/s"))
         rows.append(("(d) build wall rate / limit", f"{args.wav_files / wall * limit_cpu / workers:.0%}"))
-        rows.append(("(d) build CPU per file (all processes) / decode + STFT alone", f"{build_cpu * 1e3:.2f} / {limit_cpu * 1e3:.2f} CPU-ms ({limit_cpu / build_cpu:.0%} of the build's CPU is decode + STFT)"))
+        rows.append(
+            ("(d) build CPU per file (all processes) / decode + STFT alone", f"{build_cpu * 1e3:.2f} / {limit_cpu * 1e3:.2f} CPU-ms ({limit_cpu / build_cpu:.0%} of the build's CPU is decode + STFT)")
+        )
 
         # (e) codecs
         for codec in ("zstd", "none"):
@@ -470,8 +483,10 @@ def main() -> None:
         rows.append(("(e) `mel` payloads alone, zstd: array bytes / compressed", f"{payload_ratio(caches['zstd']):.3f}x"))
         rows.append(("(e) zstd cache / raw cache size; raw / zstd segments/s (0 workers)", f"{z_b / raw_b:.2f}; {ours['none', 0]['items_per_s'] / ours['zstd', 0]['items_per_s']:.2f}x"))
 
-        notes.append(f"total benchmark time {time.perf_counter() - t_all:.0f} s; load average at start {load0}, at end "
-                     f"{tuple(round(x, 2) for x in os.getloadavg())} (on {cores} cores: other processes share the machine)")
+        notes.append(
+            f"total benchmark time {time.perf_counter() - t_all:.0f} s; load average at start {load0}, at end "
+            f"{tuple(round(x, 2) for x in os.getloadavg())} (on {cores} cores: other processes share the machine)"
+        )
         title = "Mel cache: training reads, file-level evaluation, WAV build, codecs"
         if args.no_record:
             print("\n".join([title] + [f"| {k} | {v} |" for k, v in rows] + notes))

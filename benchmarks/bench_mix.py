@@ -66,8 +66,9 @@ def measure(tree: Path, kind: str, cache: Path, workers: int, batch: int, limit:
     env = dict(os.environ, PYTHONPATH=f"{tree}:{tree / 'benchmarks'}")
     for _ in range(tries):
         try:
-            out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(cache), str(workers), str(batch), str(limit)],
-                                 env=env, cwd=tree, capture_output=True, text=True, check=False, timeout=limit + 45)
+            out = subprocess.run(
+                [sys.executable, "-c", _CHILD, kind, str(cache), str(workers), str(batch), str(limit)], env=env, cwd=tree, capture_output=True, text=True, check=False, timeout=limit + 45
+            )
         except subprocess.TimeoutExpired:
             HANGS[str(tree)] = HANGS.get(str(tree), 0) + 1
             print(f"  {kind} w{workers} in {tree}: no result after {limit + 45:.0f} s, run again", flush=True)
@@ -106,8 +107,7 @@ def main() -> None:
     try:
         h5 = work / "user.h5"
         bench_mel.write_user_h5(h5, args.mel_files)
-        caches = {"mel raw": bench_mel.build(h5, work / "mel-none", "none") and work / "mel-none",
-                  "mel zstd": bench_mel.build(h5, work / "mel-zstd", "zstd") and work / "mel-zstd"}
+        caches = {"mel raw": bench_mel.build(h5, work / "mel-none", "none") and work / "mel-none", "mel zstd": bench_mel.build(h5, work / "mel-zstd", "zstd") and work / "mel-zstd"}
         causal = work / "causal"
         run_causal_build(None, [], {"graphs": args.graphs}, causal, progress=False)
         cases = [("mel", caches["mel raw"], w, 8192, f"mel view raw, batch 8192, w{w}") for w in (0, 2)]
@@ -126,8 +126,13 @@ def main() -> None:
         rows = []
         for _, _, _, _, label in cases:
             old, new = statistics.median(runs[(label, "old")]), statistics.median(runs[(label, "new")])
-            rows.append((label, f"old {old:,.0f}/s, new {new:,.0f}/s: {new / old:.2f}x "
-                                f"(runs old {', '.join(f'{v:,.0f}' for v in runs[(label, 'old')])}; new {', '.join(f'{v:,.0f}' for v in runs[(label, 'new')])})"))
+            rows.append(
+                (
+                    label,
+                    f"old {old:,.0f}/s, new {new:,.0f}/s: {new / old:.2f}x "
+                    f"(runs old {', '.join(f'{v:,.0f}' for v in runs[(label, 'old')])}; new {', '.join(f'{v:,.0f}' for v in runs[(label, 'new')])})",
+                )
+            )
         best_mel = max(statistics.median(runs[(c[4], "new")]) for c in cases if c[0] == "mel" and c[3] == 8192)
         best_twins = max(statistics.median(runs[(c[4], "new")]) for c in cases if c[0] == "twins_compact")
         rows += [
@@ -135,13 +140,17 @@ def main() -> None:
             ("users' per-row causal pipeline, 4096 rows, w2", f"{user_twins:,.0f} rows/s; new twins compact best {best_twins / user_twins:,.0f}x (target >= 20x here; bench_load's >= 300x)"),
         ]
         if not args.no_record:
-            append("bench_mix: mixed batches (issue 9), old plan vs new, interleaved", rows, [
-                f"old = {args.old} (commit 94ce19b, clustered plan), new = this tree (pools of 1,024 records, mel chunk 1, twins chunk 8)",
-                f"{args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, each in a fresh process; medians",
-                f"measurements that hung and were run again: old {HANGS.get(str(args.old), 0)}, new {HANGS.get(str(NEW), 0)}",
-                f"data: {args.mel_files} mel files (bench_mel's users' HDF5 layout) built raw and zstd, {args.graphs} causal graphs (default recipe, zstd); work folder {work}",
-                f"total {time.time() - t0:.0f} s; load average at start {tuple(round(x, 2) for x in load0)}, at end {tuple(round(x, 2) for x in os.getloadavg())} (2 cores shared with other processes)",
-            ])
+            append(
+                "bench_mix: mixed batches (issue 9), old plan vs new, interleaved",
+                rows,
+                [
+                    f"old = {args.old} (commit 94ce19b, clustered plan), new = this tree (pools of 1,024 records, mel chunk 1, twins chunk 8)",
+                    f"{args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, each in a fresh process; medians",
+                    f"measurements that hung and were run again: old {HANGS.get(str(args.old), 0)}, new {HANGS.get(str(NEW), 0)}",
+                    f"data: {args.mel_files} mel files (bench_mel's users' HDF5 layout) built raw and zstd, {args.graphs} causal graphs (default recipe, zstd); work folder {work}",
+                    f"total {time.time() - t0:.0f} s; load average at start {tuple(round(x, 2) for x in load0)}, at end {tuple(round(x, 2) for x in os.getloadavg())} (2 cores shared with other processes)",
+                ],
+            )
         else:
             for k, v in rows:
                 print(f"{k}: {v}")

@@ -95,8 +95,10 @@ def main() -> None:
         rows.append((f"{reader}: mixture of 3 caches of {args.graphs:,} graphs, rows/s (median of {args.rounds})", f"{mix:,.0f}"))
         rows.append((f"{reader}: mixture / one cache", f"{mix / one:.3f}"))
         notes.append(f"{reader} runs, rows/s: one cache {[round(x) for x in rates['single']]}, mixture {[round(x) for x in rates['mixture']]}")
-    notes.append(f"each run a fresh process reading {args.epochs} whole epochs in the main process (decode_threads=1, no workers, plan included) "
-                 "and reporting its best epoch; one cache and mixture alternated; the machine's 2 cores are shared with other work, so single runs swing up to 3x")
+    notes.append(
+        f"each run a fresh process reading {args.epochs} whole epochs in the main process (decode_threads=1, no workers, plan included) "
+        "and reporting its best epoch; one cache and mixture alternated; the machine's 2 cores are shared with other work, so single runs swing up to 3x"
+    )
     for k, v in rows:
         print(f"{k}: {v}")
     if not args.no_append:

@@ -36,8 +36,7 @@ from cachebuild.jobs import run_causal_build  # noqa: E402
 def build(out: Path, graphs: int, shard_mb: float, backend: str, workers: int, address: str | None = None) -> tuple[float, int]:
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
-    summary = run_causal_build(None, [], {"graphs": graphs, "build.shard_mb": shard_mb}, out, workers=workers, backend=backend,
-                               address=address, progress=False)
+    summary = run_causal_build(None, [], {"graphs": graphs, "build.shard_mb": shard_mb}, out, workers=workers, backend=backend, address=address, progress=False)
     return time.perf_counter() - t, summary.shards
 
 
@@ -80,8 +79,7 @@ def main() -> None:
             import distributed
 
             results: dict[str, list[float]] = {}
-            with distributed.LocalCluster(n_workers=args.build_workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                          dashboard_address=None) as cluster:
+            with distributed.LocalCluster(n_workers=args.build_workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster:
                 for _ in range(3):  # interleaved, best of three: the machine is shared
                     for key, backend, address in (("loky", "loky", None), ("dask", "dask", None), ("dask-running", "dask", cluster.scheduler_address)):
                         wall, shards = build(work / f"b-{key}", args.build_graphs, args.build_shard_mb, backend, args.build_workers, address)
@@ -95,7 +93,10 @@ def main() -> None:
                 ("(a) recipe", f"{g:,} causal graphs, build.shard_mb {args.build_shard_mb:g} -> {shards} shards, {args.build_workers} workers, zstd"),
                 ("(a) loky build", f"{loky:.1f} s, {g / loky:,.0f} graphs/s (runs: {', '.join(f'{x:.1f}' for x in results['loky'])} s)"),
                 ("(a) dask build (LocalCluster start included)", f"{dask:.1f} s, {g / dask:,.0f} graphs/s (runs: {', '.join(f'{x:.1f}' for x in results['dask'])} s)"),
-                ("(a) dask build on a running 2-worker LocalCluster (--scheduler ADDRESS)", f"{running:.1f} s, {g / running:,.0f} graphs/s (runs: {', '.join(f'{x:.1f}' for x in results['dask-running'])} s)"),
+                (
+                    "(a) dask build on a running 2-worker LocalCluster (--scheduler ADDRESS)",
+                    f"{running:.1f} s, {g / running:,.0f} graphs/s (runs: {', '.join(f'{x:.1f}' for x in results['dask-running'])} s)",
+                ),
                 ("(a) dask / loky wall time: running cluster; cluster started by the build", f"{running / loky:.2f}x; {dask / loky:.2f}x (target <= 1.2x){'' if same else '; FILE LISTS DIFFER'}"),
             ]
             for b in ("b-loky", "b-dask"):
@@ -146,8 +147,10 @@ def main() -> None:
         ]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    notes.append(f"total {time.perf_counter() - t_all:.0f} s; load average at start {tuple(round(x, 2) for x in load0)}, "
-                 f"at end {tuple(round(x, 2) for x in os.getloadavg())} (2 cores shared with other processes)")
+    notes.append(
+        f"total {time.perf_counter() - t_all:.0f} s; load average at start {tuple(round(x, 2) for x in load0)}, "
+        f"at end {tuple(round(x, 2) for x in os.getloadavg())} (2 cores shared with other processes)"
+    )
     append("bench_remote: Dask build backend, loader over HTTP", rows, notes)
 
 

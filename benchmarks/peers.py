@@ -164,6 +164,7 @@ def _unit(cache_dir: str | Path) -> str:
 
 # --------------------------------------------------------------------------- WebDataset
 
+
 def webdataset_rate(cache_dir: str | Path, num_workers: int, batch_size: int, limit_s: float, shuffle: bool = True) -> dict:
     """Graphs/s, decoded payload MB/s and time to the first batch of WebDataset over our shards.
 
@@ -219,11 +220,7 @@ def _mel_segment_samples(task: tuple[str, int, int, int]) -> Iterator[dict[str, 
 def _tasks(cache_dir: str | Path, records_per_task: int = 256) -> list[tuple[str, int, int, int]]:
     """(cache, shard, first, stop) work items of at most ``records_per_task`` records."""
     manifest = read_manifest(cache_dir)
-    return [
-        (str(cache_dir), i, a, min(a + records_per_task, s.records))
-        for i, s in enumerate(manifest.shards)
-        for a in range(0, s.records, records_per_task)
-    ]
+    return [(str(cache_dir), i, a, min(a + records_per_task, s.records)) for i, s in enumerate(manifest.shards) for a in range(0, s.records, records_per_task)]
 
 
 def _optimize(fn: Callable, cache_dir: str | Path, out_dir: str | Path, compression: str | None, level: str | None) -> Path:
@@ -235,9 +232,7 @@ def _optimize(fn: Callable, cache_dir: str | Path, out_dir: str | Path, compress
     """
     import multiprocessing
 
-    proc = multiprocessing.get_context("spawn").Process(
-        target=_optimize_here, args=(fn, str(cache_dir), str(out_dir), compression, level)
-    )
+    proc = multiprocessing.get_context("spawn").Process(target=_optimize_here, args=(fn, str(cache_dir), str(out_dir), compression, level))
     proc.start()
     proc.join()
     if proc.exitcode != 0:
@@ -261,9 +256,7 @@ def _optimize_here(fn: Callable, cache_dir: str, out_dir: str, compression: str 
     )
 
 
-def litdata_prepare(
-    cache_dir: str | Path, out_dir: str | Path, compression: str | None = "zstd", compression_level: str | None = None
-) -> Path:
+def litdata_prepare(cache_dir: str | Path, out_dir: str | Path, compression: str | None = "zstd", compression_level: str | None = None) -> Path:
     """Rewrite a causal cache with ``litdata.optimize``: one sample per graph, a dict of its arrays.
 
     Records are read from our shards with :func:`cachebuild.format.read_record`; chunks of
@@ -276,9 +269,7 @@ def litdata_prepare(
     return _optimize(_causal_samples, cache_dir, out_dir, compression, compression_level)
 
 
-def litdata_prepare_mel_segments(
-    mel_cache_dir: str | Path, out_dir: str | Path, compression: str | None = "zstd", compression_level: str | None = None
-) -> Path:
+def litdata_prepare_mel_segments(mel_cache_dir: str | Path, out_dir: str | Path, compression: str | None = "zstd", compression_level: str | None = None) -> Path:
     """Rewrite a mel cache with ``litdata.optimize``: one sample per segment (``mel`` [n_mels, t] float16, ``label``)."""
     return _optimize(_mel_segment_samples, mel_cache_dir, out_dir, compression, compression_level)
 

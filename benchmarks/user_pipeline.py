@@ -21,11 +21,23 @@ import pandas as pd
 import torch
 
 EDGE_FUNCS = [
-    lambda x: x, lambda x: x, lambda x: -x, np.sin, np.cos, np.tanh,
-    lambda x: np.sign(x) * np.log1p(np.abs(x)), lambda x: np.exp(np.clip(x, -5, 5)),
-    lambda x: np.sign(x) * np.sqrt(np.abs(x)), lambda x: x**2, lambda x: x**3,
-    lambda x: 1 / (1 + np.exp(-x)), lambda x: (x > 0).astype(float), np.abs,
-    lambda x: 0.5 * x**2 + 0.5 * x, lambda x: x - np.floor(x), lambda x: 2 * x / (1 + np.abs(x)),
+    lambda x: x,
+    lambda x: x,
+    lambda x: -x,
+    np.sin,
+    np.cos,
+    np.tanh,
+    lambda x: np.sign(x) * np.log1p(np.abs(x)),
+    lambda x: np.exp(np.clip(x, -5, 5)),
+    lambda x: np.sign(x) * np.sqrt(np.abs(x)),
+    lambda x: x**2,
+    lambda x: x**3,
+    lambda x: 1 / (1 + np.exp(-x)),
+    lambda x: (x > 0).astype(float),
+    np.abs,
+    lambda x: 0.5 * x**2 + 0.5 * x,
+    lambda x: x - np.floor(x),
+    lambda x: 2 * x / (1 + np.abs(x)),
 ]
 
 

@@ -10,7 +10,8 @@ Public builder API (see the README's "Your own data")::
 __version__ = "0.1.0"
 
 from cachebuild.api import build  # noqa: E402  (after __version__, which modules import)
-from cachebuild.builder.builder import BuildOptions, BuildSummary, build_cache
+from cachebuild.builder.builder import BuildOptions, BuildSummary
+from cachebuild.builder.entry import build_cache
 from cachebuild.builder.plan import block_rng
 from cachebuild.builder.source import RecordSource
 from cachebuild.function_source import FunctionSource

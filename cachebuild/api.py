@@ -56,9 +56,18 @@ def build_recipe(
     if total is None:
         raise ConfigError(f"recipe kind {kind.name!r} needs a record count: set '{kind.count_key} = N' in the recipe or pass --records N")
     opts = BuildOptions(
-        out=out, records=total, seed=parsed.seed, codec=parsed.codec, shard_bytes=parsed.shard_bytes,
-        workers=workers or parsed.workers, backend=backend, address=address, overwrite=overwrite, progress=progress,
-        append=append, keep=keep,
+        out=out,
+        records=total,
+        seed=parsed.seed,
+        codec=parsed.codec,
+        shard_bytes=parsed.shard_bytes,
+        workers=workers or parsed.workers,
+        backend=backend,
+        address=address,
+        overwrite=overwrite,
+        progress=progress,
+        append=append,
+        keep=keep,
     )
     return build_cache(source, opts, unit=kind.unit), kind.unit
 
@@ -99,12 +108,23 @@ def build(
         if records is None:
             raise ConfigError("build(source, ...) needs records=N (how many records to make)")
         opts = BuildOptions(
-            out=out, records=records, seed=0 if seed is None else seed, codec=parse_codec(codec, level),
-            shard_bytes=int(shard_mb * (1 << 20)), workers=workers, backend=backend, address=address,
-            overwrite=overwrite, progress=progress, append=append, keep=keep,
+            out=out,
+            records=records,
+            seed=0 if seed is None else seed,
+            codec=parse_codec(codec, level),
+            shard_bytes=int(shard_mb * (1 << 20)),
+            workers=workers,
+            backend=backend,
+            address=address,
+            overwrite=overwrite,
+            progress=progress,
+            append=append,
+            keep=keep,
         )
         return build_cache(what, opts)
     if not isinstance(what, (str, Path, Mapping)):
         raise ConfigError(f"build() takes a RecordSource or a recipe (TOML path or dict), got {type(what).__name__}")
-    summary, _ = build_recipe(what, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=progress, append=append, keep=keep)
+    summary, _ = build_recipe(
+        what, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=progress, append=append, keep=keep
+    )
     return summary

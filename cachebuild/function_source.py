@@ -151,9 +151,6 @@ class FunctionSource:
         for name, value in cols.items():
             if not hasattr(value, "__len__") or getattr(value, "ndim", 1) == 0 or len(value) != n:
                 got = len(value) if hasattr(value, "__len__") and getattr(value, "ndim", True) else "no"
-                raise SourceError(
-                    f"source {self.kind!r} shard {shard} record {a} field {name!r}: a block of records [{a}, {z}) "
-                    f"needs {n} rows, got {got}"
-                )
+                raise SourceError(f"source {self.kind!r} shard {shard} record {a} field {name!r}: a block of records [{a}, {z}) needs {n} rows, got {got}")
         names = list(cols)
         return [{k: cols[k][j] for k in names} for j in range(n)]

@@ -18,8 +18,9 @@ DEFAULT_GRAPHS = 10_000
 MEL_DEFAULT_CODEC = "none"
 
 
-def _options(recipe: Recipe, out: str | Path, records: int, workers: int | None, backend: str, address: str | None, overwrite: bool, progress: bool,
-             append: bool = False, keep: int | None = None) -> BuildOptions:
+def _options(
+    recipe: Recipe, out: str | Path, records: int, workers: int | None, backend: str, address: str | None, overwrite: bool, progress: bool, append: bool = False, keep: int | None = None
+) -> BuildOptions:
     """Build options from a parsed recipe plus the command line's run settings."""
     return BuildOptions(
         out=out,
@@ -41,8 +42,10 @@ def _check_kind(recipe: Any, kind: str, config_path: str | Path | None, command:
     """A recipe of another kind names the command that builds it (instead of an unknown-key error)."""
     got = recipe.table.get("kind", kind)
     if got != kind:
-        raise ConfigError(f"{config_path}: this recipe is kind = {got!r}, and `cachebuild {command}` builds {kind!r} caches: "
-                          f"use `cachebuild build --config {config_path}`" + (" or `cachebuild mel --config ...`" if got == "mel" else ""))
+        raise ConfigError(
+            f"{config_path}: this recipe is kind = {got!r}, and `cachebuild {command}` builds {kind!r} caches: "
+            f"use `cachebuild build --config {config_path}`" + (" or `cachebuild mel --config ...`" if got == "mel" else "")
+        )
 
 
 def run_causal_build(
@@ -107,8 +110,10 @@ def mel_source_from(
 
     given = [name for name, v in (("--from-h5", from_h5), ("--from-wav", from_wav), ("--synthetic", synthetic)) if v is not None]
     if len(given) != 1:
-        raise ConfigError(f"give exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N with `cachebuild mel`, or a [source] table "
-                          f"(h5 = \"FILE\", wav = \"DIR\" or synthetic = N) in a recipe for `cachebuild build` (got {', '.join(given) or 'none'})")
+        raise ConfigError(
+            f"give exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N with `cachebuild mel`, or a [source] table "
+            f'(h5 = "FILE", wav = "DIR" or synthetic = N) in a recipe for `cachebuild build` (got {", ".join(given) or "none"})'
+        )
     cfg = parse_mel_config(recipe.table)
     source: H5Source | WavFolderSource | SyntheticSource
     if from_h5 is not None:

@@ -23,7 +23,22 @@ def print_summary(title: str, summary, extra: dict | None = None) -> dict:
     d = summary.to_dict()
     d.update(extra or {})
     print(f"== {title}")
-    for key in ("steps", "samples", "wall_s", "first_batch_s", "wait_fraction", "wait_p50_ms", "wait_p95_ms", "batches_per_s", "samples_per_s", "gpu_idle_fraction", "gpu_idle_ms_per_step", "gpu_util_mean", "cpu_percent", "ram_used_gb"):
+    for key in (
+        "steps",
+        "samples",
+        "wall_s",
+        "first_batch_s",
+        "wait_fraction",
+        "wait_p50_ms",
+        "wait_p95_ms",
+        "batches_per_s",
+        "samples_per_s",
+        "gpu_idle_fraction",
+        "gpu_idle_ms_per_step",
+        "gpu_util_mean",
+        "cpu_percent",
+        "ram_used_gb",
+    ):
         if key in d and d[key] is not None:
             v = d[key]
             print(f"   {key:<16} {v:.4g}" if isinstance(v, float) else f"   {key:<16} {v}")

@@ -99,13 +99,10 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--baseline", action="store_true", help="feed the model with the users' on-the-fly pipeline instead")
     ap.add_argument("--handover", type=int, default=2, help="make_loader's handover depth (0: no hand-over thread)")
-    ap.add_argument("--switch-interval", type=float, default=None,
-                    help="sys.setswitchinterval for this process (how long a thread may hold the GIL; Python's default 0.005 s)")
-    ap.add_argument("--resident", type=int, default=0, metavar="N",
-                    help="benchmark: cycle N batches of our loader kept on the device (an ideal loader: the loop's own floor)")
+    ap.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for this process (how long a thread may hold the GIL; Python's default 0.005 s)")
+    ap.add_argument("--resident", type=int, default=0, metavar="N", help="benchmark: cycle N batches of our loader kept on the device (an ideal loader: the loop's own floor)")
     ap.add_argument("--seconds", type=float, default=None, help="stop after this much wall time (whichever of --steps/--seconds comes first)")
-    ap.add_argument("--sync-cuda", action="store_true",
-                    help="synchronise CUDA after every step (exact per-step wait, but the GPU idles while the next step is launched)")
+    ap.add_argument("--sync-cuda", action="store_true", help="synchronise CUDA after every step (exact per-step wait, but the GPU idles while the next step is launched)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON too")
     args = ap.parse_args()
 

@@ -49,9 +49,14 @@ class MelCNN(nn.Module):
     def __init__(self, width: int = 32):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Conv1d(1, width // 2, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
-            nn.Conv1d(width // 2, width, 5, padding=2), nn.ReLU(), nn.AdaptiveAvgPool1d(1),
-            nn.Flatten(), nn.Linear(width, 1),
+            nn.Conv1d(1, width // 2, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool1d(2),
+            nn.Conv1d(width // 2, width, 5, padding=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool1d(1),
+            nn.Flatten(),
+            nn.Linear(width, 1),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -148,8 +153,7 @@ def batches_baseline(args, device, epoch: int, state: dict):
         state["h5"] = baseline_h5(args)
         state["leak"] = _h5_leak(state["h5"])
         torch.manual_seed(args.seed)
-        state["loader"] = torch.utils.data.DataLoader(UserSegmentDataset(state["h5"]), batch_size=args.batch_size, shuffle=True,
-                                                      num_workers=args.workers, persistent_workers=args.workers > 0)
+        state["loader"] = torch.utils.data.DataLoader(UserSegmentDataset(state["h5"]), batch_size=args.batch_size, shuffle=True, num_workers=args.workers, persistent_workers=args.workers > 0)
     for x, y in state["loader"]:
         x = x.to(device, non_blocking=True)
         y = (y == state["leak"]).float().to(device, non_blocking=True)
@@ -225,12 +229,9 @@ def main() -> None:
     ap.add_argument("--h5", default=None, help="--baseline: the users' HDF5 file (default: written from --cache, else synthetic)")
     ap.add_argument("--synthetic-files", type=int, default=500, help="--baseline without --h5 and without a cache: files to synthesise")
     ap.add_argument("--no-eval", action="store_true", help="skip the file-level evaluation")
-    ap.add_argument("--resident", type=int, default=0, metavar="N",
-                    help="benchmark: cycle N batches of our loader kept on the device (an ideal loader: the loop's own floor)")
-    ap.add_argument("--seconds", type=float, default=None,
-                    help="train for this much wall time, epochs chained under one monitor, no evaluation (a benchmark mode)")
-    ap.add_argument("--sync-cuda", action="store_true",
-                    help="synchronise CUDA after every step (exact per-step wait, but the GPU idles while the next step is launched)")
+    ap.add_argument("--resident", type=int, default=0, metavar="N", help="benchmark: cycle N batches of our loader kept on the device (an ideal loader: the loop's own floor)")
+    ap.add_argument("--seconds", type=float, default=None, help="train for this much wall time, epochs chained under one monitor, no evaluation (a benchmark mode)")
+    ap.add_argument("--sync-cuda", action="store_true", help="synchronise CUDA after every step (exact per-step wait, but the GPU idles while the next step is launched)")
     ap.add_argument("--json", action="store_true", help="print the last summary as JSON too")
     args = ap.parse_args()
 

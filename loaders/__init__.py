@@ -86,6 +86,5 @@ def __getattr__(name: str) -> Any:
     module = _MOVED.get(name)
     if module is None:
         raise AttributeError(f"module 'loaders' has no attribute {name!r}")
-    warnings.warn(f"loaders.{name} is internal and no longer exported from loaders; import it from {module}",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn(f"loaders.{name} is internal and no longer exported from loaders; import it from {module}", DeprecationWarning, stacklevel=2)
     return getattr(importlib.import_module(module), name)

@@ -165,11 +165,23 @@ def _new_buffer(nbytes: int, shared: bool) -> tuple[torch.Tensor, bool]:
     return torch.empty(nbytes, dtype=torch.uint8), False
 
 
-_TORCH_DTYPES = {np.dtype(k).name: v for k, v in {
-    "bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
-    "int64": torch.int64, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
-    "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64,
-}.items()}
+_TORCH_DTYPES = {
+    np.dtype(k).name: v
+    for k, v in {
+        "bool": torch.bool,
+        "uint8": torch.uint8,
+        "int8": torch.int8,
+        "int16": torch.int16,
+        "int32": torch.int32,
+        "int64": torch.int64,
+        "float16": torch.float16,
+        "float32": torch.float32,
+        "float64": torch.float64,
+        "uint16": torch.uint16,
+        "uint32": torch.uint32,
+        "uint64": torch.uint64,
+    }.items()
+}
 
 
 def torch_dtype(dtype: str) -> torch.dtype:

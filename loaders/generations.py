@@ -116,8 +116,10 @@ def use_generation(stream: "ShardStream", generation: int, strict: bool = True, 
         raise
     if spec != stream._spec:
         lease.close()
-        message = (f"generation {generation} of {stream.root} needs other batch shapes than generation {stream.generation} "
-                   f"(a field's largest record grew); this stream keeps generation {stream.generation}: open a new ShardStream to read it")
+        message = (
+            f"generation {generation} of {stream.root} needs other batch shapes than generation {stream.generation} "
+            f"(a field's largest record grew); this stream keeps generation {stream.generation}: open a new ShardStream to read it"
+        )
         if strict:
             raise ManifestError(message)
         if generation not in stream._warned_generations:

@@ -101,5 +101,10 @@ class GpuIdleMeter:
         g = np.frombuffer(self.gap_ms, dtype=np.float64)
         if not len(g):
             return {}
-        return {"gap_p50_ms": float(np.percentile(g, 50)), "gap_p99_ms": float(np.percentile(g, 99)),
-                "gap_max_ms": float(g.max()), "idle_in_gaps_over_5ms_ms": float(g[g > 5.0].sum()), "gaps": int(len(g))}
+        return {
+            "gap_p50_ms": float(np.percentile(g, 50)),
+            "gap_p99_ms": float(np.percentile(g, 99)),
+            "gap_max_ms": float(g.max()),
+            "idle_in_gaps_over_5ms_ms": float(g[g > 5.0].sum()),
+            "gaps": int(len(g)),
+        }

@@ -157,10 +157,7 @@ def loader_state(loader: DataLoader[Any]) -> dict[str, Any]:
         return stream.state_dict()
     it = getattr(loader, "_iterator", None)
     if not loader.persistent_workers or it is None or not hasattr(it, "_num_yielded"):
-        raise RuntimeError(
-            "a DataLoader with non-persistent workers forgets its iterator: use persistent_workers=True, "
-            "or loaders.make_loader(stream), whose state_dict() is exact"
-        )
+        raise RuntimeError("a DataLoader with non-persistent workers forgets its iterator: use persistent_workers=True, or loaders.make_loader(stream), whose state_dict() is exact")
     rank, ws = detect_ranks(stream._rank, stream._world_size, env_fallback=True)
     yielded = int(it._num_yielded)
     if yielded == 0:  # before a pass's first batch its workers may still be recording the pass

@@ -11,5 +11,4 @@ import warnings
 from cachebuild.mel.voting import *  # noqa: F401,F403
 from cachebuild.mel.voting import __all__  # noqa: F401
 
-warnings.warn("loaders.mel_eval moved to cachebuild.mel.voting; import from there (this alias goes away in a later release)",
-              DeprecationWarning, stacklevel=2)
+warnings.warn("loaders.mel_eval moved to cachebuild.mel.voting; import from there (this alias goes away in a later release)", DeprecationWarning, stacklevel=2)

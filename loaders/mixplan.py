@@ -46,8 +46,7 @@ def pass_epoch(epoch: int, cache: int, caches: int) -> int:
     return epoch * caches + cache
 
 
-def cache_draws(shard_counts: np.ndarray, seed: int, cache: int, caches: int, epoch: int, start: int, count: int,
-                shuffle: bool = True, window: int | None = DEFAULT_WINDOW) -> np.ndarray:
+def cache_draws(shard_counts: np.ndarray, seed: int, cache: int, caches: int, epoch: int, start: int, count: int, shuffle: bool = True, window: int | None = DEFAULT_WINDOW) -> np.ndarray:
     """Local record ids cache ``cache`` gives mixture epoch ``epoch``, in order, int64 ``[count]``.
 
     *Which*: positions ``[start, start + count)`` of the cyclic sequence
@@ -94,8 +93,7 @@ def interleave(counts: np.ndarray, seed: int, epoch: int, shuffle: bool = True) 
     return caches
 
 
-def mixture_order(shard_counts: Sequence[np.ndarray], counts: np.ndarray, before: np.ndarray, seed: int, epoch: int,
-                  shuffle: bool = True, window: int | None = DEFAULT_WINDOW) -> np.ndarray:
+def mixture_order(shard_counts: Sequence[np.ndarray], counts: np.ndarray, before: np.ndarray, seed: int, epoch: int, shuffle: bool = True, window: int | None = DEFAULT_WINDOW) -> np.ndarray:
     """Union record ids in epoch order, int64 ``[sum(counts)]``.
 
     ``shard_counts[c]``: records per shard of cache ``c``; ``counts[c]``: its
@@ -105,7 +103,6 @@ def mixture_order(shard_counts: Sequence[np.ndarray], counts: np.ndarray, before
     caches = len(shard_counts)
     sizes = np.array([int(np.sum(s)) for s in shard_counts], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    draws = [offsets[c] + cache_draws(shard_counts[c], seed, c, caches, epoch, int(before[c]), int(counts[c]), shuffle, window)
-             for c in range(caches)]
+    draws = [offsets[c] + cache_draws(shard_counts[c], seed, c, caches, epoch, int(before[c]), int(counts[c]), shuffle, window) for c in range(caches)]
     order: np.ndarray = np.concatenate(draws)[merge_permutation(counts, seed, epoch, shuffle)]
     return order

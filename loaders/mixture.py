@@ -229,9 +229,7 @@ class OpenMixture:
     # ---- what the stream reads
     def shard_set(self, verify: str) -> ShardSet:
         """The union's shards as a reading process opens them (remote caches: a fetcher per cache)."""
-        parts: list[Locator] = [
-            RemoteFiles(r, m, self.remote) if is_remote(r) else LocalFiles(local_path(r), m) for r, m in zip(self.roots, self.manifests)
-        ]
+        parts: list[Locator] = [RemoteFiles(r, m, self.remote) if is_remote(r) else LocalFiles(local_path(r), m) for r, m in zip(self.roots, self.manifests)]
         cache = np.repeat(np.arange(len(parts)), [len(m.shards) for m in self.manifests])
         local = np.concatenate([np.arange(len(m.shards)) for m in self.manifests]).astype(np.int64)
         return UnionShardSet(self.manifest, self.label, verify, locator=UnionFiles(parts, cache, local, self.label))
@@ -257,8 +255,7 @@ class OpenMixture:
     # ---- loader state
     def identity(self) -> dict[str, Any]:
         """What the loader state records of the mixture: every cache by name and fingerprint, every stage."""
-        stages = [{"epochs": [s.first, s.end], "weights": None if s.weights is None else list(s.weights), "epoch_size": s.epoch_size}
-                  for s in self.spec.stages]
+        stages = [{"epochs": [s.first, s.end], "weights": None if s.weights is None else list(s.weights), "epoch_size": s.epoch_size} for s in self.spec.stages]
         return {"caches": [{"name": n, "fingerprint": f} for n, f in zip(self.names, self.fingerprints)], "stages": stages}
 
     def stamp(self, state: dict[str, Any]) -> dict[str, Any]:

@@ -27,8 +27,15 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["METRIC_KEYS", "summary_metrics", "tensorboard_hook", "summary_table", "plot_steps"]
 
 METRIC_KEYS = (
-    "data/wait_fraction", "data/wait_p50_ms", "data/wait_p95_ms", "data/batches_per_s", "data/samples_per_s",
-    "sys/gpu_util", "sys/gpu_mem_gb", "sys/cpu_percent", "sys/ram_gb",
+    "data/wait_fraction",
+    "data/wait_p50_ms",
+    "data/wait_p95_ms",
+    "data/batches_per_s",
+    "data/samples_per_s",
+    "sys/gpu_util",
+    "sys/gpu_mem_gb",
+    "sys/cpu_percent",
+    "sys/ram_gb",
 )
 """Keys a logging hook may receive (those without a value, e.g. GPU on a CPU machine, are left out)."""
 
@@ -38,9 +45,14 @@ LogHook = Callable[[dict[str, float], int], None]
 def summary_metrics(sm: "StallSummary") -> dict[str, float]:
     """An epoch's summary as the hook's flat dict (``epoch/`` keys: whole-epoch values)."""
     values = {
-        "data/wait_fraction": sm.wait_fraction, "data/wait_p50_ms": sm.wait_p50_ms, "data/wait_p95_ms": sm.wait_p95_ms,
-        "data/batches_per_s": sm.batches_per_s, "data/samples_per_s": sm.samples_per_s,
-        "sys/gpu_util": sm.gpu_util_mean, "sys/gpu_mem_gb": sm.gpu_mem_used_gb, "sys/cpu_percent": sm.cpu_percent,
+        "data/wait_fraction": sm.wait_fraction,
+        "data/wait_p50_ms": sm.wait_p50_ms,
+        "data/wait_p95_ms": sm.wait_p95_ms,
+        "data/batches_per_s": sm.batches_per_s,
+        "data/samples_per_s": sm.samples_per_s,
+        "sys/gpu_util": sm.gpu_util_mean,
+        "sys/gpu_mem_gb": sm.gpu_mem_used_gb,
+        "sys/cpu_percent": sm.cpu_percent,
         "sys/ram_gb": sm.ram_used_gb,
     }
     return {f"epoch/{k}": float(v) for k, v in values.items() if v is not None}
@@ -72,11 +84,21 @@ def summary_table(history: Sequence["StallSummary"]) -> str:
     head = ("epoch", "steps", "wait", "p50 ms", "p95 ms", "max ms", "batches/s", "samples/s", "first s", "gpu %", "cpu %")
     rows = [head]
     for i, sm in enumerate(history):
-        rows.append((
-            str(i), str(sm.steps), f"{sm.wait_fraction:.1%}", f"{sm.wait_p50_ms:.1f}", f"{sm.wait_p95_ms:.1f}",
-            f"{sm.wait_max_ms:.1f}", f"{sm.batches_per_s:.1f}", _cell(sm.samples_per_s, ",.0f"), _cell(sm.first_batch_s, ".3f"),
-            _cell(sm.gpu_util_mean, ".0f"), _cell(sm.cpu_percent, ".0f"),
-        ))
+        rows.append(
+            (
+                str(i),
+                str(sm.steps),
+                f"{sm.wait_fraction:.1%}",
+                f"{sm.wait_p50_ms:.1f}",
+                f"{sm.wait_p95_ms:.1f}",
+                f"{sm.wait_max_ms:.1f}",
+                f"{sm.batches_per_s:.1f}",
+                _cell(sm.samples_per_s, ",.0f"),
+                _cell(sm.first_batch_s, ".3f"),
+                _cell(sm.gpu_util_mean, ".0f"),
+                _cell(sm.cpu_percent, ".0f"),
+            )
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -86,6 +86,7 @@ def batch_counter(batch_size: int | Callable[[Any], int] | None, samples_key: st
     keys = batch.keys() if isinstance(batch, Mapping) else range(len(batch)) if isinstance(batch, (tuple, list)) else ()
     for k in keys:
         if getattr(batch[k], "ndim", 0) >= 1:
+
             def rows_of(b: Any, key: Any = k) -> int:
                 return int(b[key].shape[0])
 
@@ -96,8 +97,7 @@ def batch_counter(batch_size: int | Callable[[Any], int] | None, samples_key: st
 class EpochCounters:
     """Running counters of one pass over the loader (slots: cheap per-step updates)."""
 
-    __slots__ = ("waits", "arrivals", "steps", "samples", "wait_s", "start", "end", "first_batch_s", "warned", "count", "next_event", "mark",
-                 "meter")
+    __slots__ = ("waits", "arrivals", "steps", "samples", "wait_s", "start", "end", "first_batch_s", "warned", "count", "next_event", "mark", "meter")
 
     def __init__(self) -> None:
         self.waits = array("d")

@@ -257,8 +257,9 @@ class EpochPlan:
         return cls.from_order(order, items_per_record, batch_size, seed, epoch, shuffle, drop_last, mix, chunk)
 
     @classmethod
-    def from_order(cls, order: np.ndarray, items_per_record: np.ndarray | None, batch_size: int, seed: int, epoch: int,
-                   shuffle: bool = True, drop_last: bool = False, mix: int | None = None, chunk: int = 1) -> "EpochPlan":
+    def from_order(
+        cls, order: np.ndarray, items_per_record: np.ndarray | None, batch_size: int, seed: int, epoch: int, shuffle: bool = True, drop_last: bool = False, mix: int | None = None, chunk: int = 1
+    ) -> "EpochPlan":
         """Plan an epoch whose record order is given (record ids, repeats allowed: a mixture's,
         :mod:`loaders.mixplan`); everything else as :meth:`build`."""
         order = np.asarray(order, dtype=np.int64)
@@ -372,9 +373,21 @@ class EpochPlan:
         upos, slot = distinct(rec)
         unique = self.order[upos]
         pool = np.searchsorted(self.pools, upos, side="right") - 1
-        return BatchItems(b, unique[slot], items, is_pad, unique, slot, _first_rows(slot, len(unique), B),
-                          pool, upos - self.pools[pool], self.pool_size, self.pool_span,
-                          (self.seed, self.epoch, len(self.order), len(self.pools), self.chunk), self.pool_records)
+        return BatchItems(
+            b,
+            unique[slot],
+            items,
+            is_pad,
+            unique,
+            slot,
+            _first_rows(slot, len(unique), B),
+            pool,
+            upos - self.pools[pool],
+            self.pool_size,
+            self.pool_span,
+            (self.seed, self.epoch, len(self.order), len(self.pools), self.chunk),
+            self.pool_records,
+        )
 
     def pool_records(self, q: int) -> np.ndarray:
         """Record ids of pool ``q`` (its slice of the epoch order)."""

@@ -83,7 +83,7 @@ def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
     for attempt in range(opts.retries + 1):
         try:
             return action()
-        except (urllib.error.HTTPError) as exc:
+        except urllib.error.HTTPError as exc:
             if exc.code in (404, 403, 401) or attempt == opts.retries:
                 raise RemoteError(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}") from exc
         except (OSError, TimeoutError) as exc:

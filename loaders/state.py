@@ -129,10 +129,7 @@ def check_worker_state(state: Mapping[str, Any], worker: int, num_workers: int) 
     if not isinstance(w, Mapping):
         raise ValueError("a DataLoader worker can only load a state saved by a worker (torchdata's StatefulDataLoader)")
     if (w.get("id"), w.get("num_workers")) != (worker, num_workers):
-        raise ValueError(
-            f"loader state was saved by worker {w.get('id')!r} of {w.get('num_workers')!r}, "
-            f"loaded into worker {worker} of {num_workers}: resume with the same num_workers"
-        )
+        raise ValueError(f"loader state was saved by worker {w.get('id')!r} of {w.get('num_workers')!r}, loaded into worker {worker} of {num_workers}: resume with the same num_workers")
     yielded = w.get("yielded")
     if not isinstance(yielded, int) or yielded < 0:
         raise ValueError(f"loader state has an invalid worker progress: yielded={yielded!r}")

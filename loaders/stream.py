@@ -47,48 +47,13 @@ from loaders.shards import RemoteFiles
 from loaders.slots import SlotRings
 from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state, state_generation
 from loaders.views import make_view
+from loaders.shard_window import batch_shards, check_rank, shard_schedule
 from loaders.world import World, detect_ranks, worker_part
 
 __all__ = ["ShardStream"]
 
 # Remote caches: the fetcher is handed the shard order of this many batches at a time.
 _PLAN_CHUNK = 64
-
-
-def batch_shards(plan: EpochPlan, ids: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
-    """The shards (ascending) holding the records of each global batch in ``ids``, from the plan alone.
-
-    A batch holds records of a contiguous (cyclic) range of epoch positions
-    (:meth:`EpochPlan.record_spans`; in a mixed plan, its pools' records).
-    """
-    n, total, B = len(plan.order), plan.total, plan.batch_size
-    if not len(ids) or total < 1:
-        return []
-    shard_of = np.searchsorted(starts, plan.order, side="right") - 1  # shard of each epoch-order position
-    if B >= total:
-        every = np.unique(shard_of)
-        return [every] * len(ids)
-    a, z = plan.record_spans(ids)
-    out = []
-    for lo, hi in zip(a.tolist(), z.tolist()):
-        part = shard_of[lo : hi + 1] if lo <= hi else np.concatenate([shard_of[lo:n], shard_of[: hi + 1]])
-        out.append(np.unique(part))
-    return out
-
-
-def shard_schedule(per_batch: list[np.ndarray]) -> tuple[list[list[int]], list[list[int]]]:
-    """Per batch: the shards opened before building it, and those closed after (not needed by the next batch)."""
-    sets = [s.tolist() for s in per_batch]
-    opens, closes = [], []
-    live: set[int] = set()
-    for k, shards in enumerate(sets):
-        opens.append([s for s in shards if s not in live])
-        live.update(shards)
-        nxt = set(sets[k + 1]) if k + 1 < len(sets) else set()
-        done = sorted(live - nxt)
-        live -= set(done)
-        closes.append(done)
-    return opens, closes
 
 
 class ShardStream(IterableDataset[dict[str, Any]]):
@@ -163,7 +128,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self.layout: Layout = self.view.layout()
         self._spec = self.layout.spec()
         self._counts = np.array([s.records for s in self.manifest.shards], dtype=np.int64)
-        _check_rank(rank, world_size)
+        check_rank(rank, world_size)
         self._rank, self._world_size = rank, world_size
         self._decode_threads = decode_threads
         self._progress = Progress()
@@ -210,8 +175,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             if self.mixture is not None:
                 plan = self.mixture.plan(epoch, self.items_per_record, c, self.view.mix, self.view.chunk)
             else:
-                plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last,
-                                       self.view.mix, self.view.chunk)
+                plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last, self.view.mix, self.view.chunk)
             self._plan_cache = ((self.generation, epoch), plan)
         return self._plan_cache[1]
 
@@ -401,13 +365,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"ShardStream({str(self.root)!r}, view={c.view!r}, batch_size={c.batch_size}, shuffle={c.shuffle}, "
-                f"seed={c.seed}, window={c.window}, drop_last={c.drop_last}, records={self.manifest.records}, generation={self.generation})")
-
-
-def _check_rank(rank: int | None, world_size: int | None) -> None:
-    """A clear ValueError for a world size below 1 or a rank outside its world."""
-    if world_size is not None and (isinstance(world_size, bool) or int(world_size) < 1):
-        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
-    if rank is not None and (isinstance(rank, bool) or int(rank) < 0 or (world_size is not None and int(rank) >= int(world_size))):
-        raise ValueError(f"rank {rank!r} is not in a world of {world_size if world_size is not None else 'torch.distributed'} ranks (0 <= rank < world_size)")
+        return (
+            f"ShardStream({str(self.root)!r}, view={c.view!r}, batch_size={c.batch_size}, shuffle={c.shuffle}, "
+            f"seed={c.seed}, window={c.window}, drop_last={c.drop_last}, records={self.manifest.records}, generation={self.generation})"
+        )

@@ -65,8 +65,15 @@ def main() -> None:
         ModelCheckpoint(dirpath=out / f"{a.tag}-epochs", filename="{epoch}-end", every_n_epochs=1, save_on_train_epoch_end=True, save_top_k=-1),
     ]
     trainer = pl.Trainer(
-        accelerator="cpu", devices=a.devices, strategy="ddp" if a.devices > 1 else "auto", max_epochs=2, callbacks=callbacks,
-        logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=a.devices,
+        strategy="ddp" if a.devices > 1 else "auto",
+        max_epochs=2,
+        callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
     )
     trainer.fit(Tiny(out / a.tag), datamodule=dm, ckpt_path=a.ckpt)
 

@@ -11,9 +11,18 @@ from click.testing import CliRunner
 from cachebuild.cli import main
 
 SCHEMA = {
-    "cache": str, "view": str, "batch_size": int, "workers": int, "step_ms": float, "batches": int,
-    "records_per_s": float, "samples_per_s": float, "payload_mb_per_s": float, "first_batch_s": float,
-    "wait_fraction": float, "stages_ms": dict,
+    "cache": str,
+    "view": str,
+    "batch_size": int,
+    "workers": int,
+    "step_ms": float,
+    "batches": int,
+    "records_per_s": float,
+    "samples_per_s": float,
+    "payload_mb_per_s": float,
+    "first_batch_s": float,
+    "wait_fraction": float,
+    "stages_ms": dict,
 }
 STAGES = ("read", "decompress", "assemble", "pin", "copy")
 COMPARE = ("reader", "batches", "records_per_s", "samples_per_s", "payload_mb_per_s", "first_batch_s", "wait_fraction")

@@ -24,8 +24,7 @@ def _run(name: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, BENCH_QUICK="1", PYTHONPATH=str(REPO))
     env.pop("PYTHONWARNINGS", None)
     results = (REPO / "benchmarks" / "RESULTS.md").read_bytes()
-    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), *args], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=280)
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
     assert (REPO / "benchmarks" / "RESULTS.md").read_bytes() == results, "quick mode must not record"
     return r
 

@@ -111,11 +111,14 @@ def test_sizes() -> None:
     assert 25_000 < cfg.estimated_record_bytes() < 35_000
 
 
-@pytest.mark.parametrize("graph, message", [
-    ({"n_min": 12}, "config key 'graph.n_min' has invalid value 12: must be <= graph.n_max (10, the default)"),
-    ({"n_max": 4}, "config key 'graph.n_max' has invalid value 4: must be >= graph.n_min (5, the default)"),
-    ({"n_min": 6, "n_max": 5}, "config keys 'graph.n_min' (6) and 'graph.n_max' (5): n_min must be <= n_max"),
-])
+@pytest.mark.parametrize(
+    "graph, message",
+    [
+        ({"n_min": 12}, "config key 'graph.n_min' has invalid value 12: must be <= graph.n_max (10, the default)"),
+        ({"n_max": 4}, "config key 'graph.n_max' has invalid value 4: must be >= graph.n_min (5, the default)"),
+        ({"n_min": 6, "n_max": 5}, "config keys 'graph.n_min' (6) and 'graph.n_max' (5): n_min must be <= n_max"),
+    ],
+)
 def test_size_order_blames_the_key_that_was_set(graph: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_causal_config({"graph": graph})
@@ -218,9 +221,7 @@ _configs = st.fixed_dictionaries(
                 "clip_term": st.one_of(st.just("none"), st.floats(0.1, 100)),
             }
         ),
-        "noise": st.fixed_dictionaries(
-            {"kind": st.sampled_from(NOISE_KINDS + ("mixed",)), "per_node": st.booleans(), "scale": st.floats(0.1, 5)}
-        ),
+        "noise": st.fixed_dictionaries({"kind": st.sampled_from(NOISE_KINDS + ("mixed",)), "per_node": st.booleans(), "scale": st.floats(0.1, 5)}),
         "interventions": st.fixed_dictionaries(
             {
                 "mode": st.sampled_from(["adaptive", "fixed", "sampled"]),
@@ -229,9 +230,7 @@ _configs = st.fixed_dictionaries(
                 "value_scale": st.one_of(st.floats(0, 10), st.tuples(st.floats(0, 1), st.floats(1, 10)).map(list)),
             }
         ),
-        "samples": st.fixed_dictionaries(
-            {"twin": st.booleans(), "standardize": st.sampled_from(["none", "base", "pooled"])}
-        ),
+        "samples": st.fixed_dictionaries({"twin": st.booleans(), "standardize": st.sampled_from(["none", "base", "pooled"])}),
     }
 )
 
@@ -263,7 +262,7 @@ def test_recipe_file_error_through_the_cli(tmp_path: Path) -> None:
     from cachebuild.cli import main
 
     bad = tmp_path / "bad.toml"
-    bad.write_text('[mechanism]\nclip_value = 1e9\n')
+    bad.write_text("[mechanism]\nclip_value = 1e9\n")
     r = CliRunner().invoke(main, ["generate", "--config", str(bad), "--graphs", "5", "--out", str(tmp_path / "o"), "-q"])
     assert r.exit_code == 2
     assert "'mechanism.clip_value'" in r.output and "1000000000.0" in r.output and "(0, 1e+06]" in r.output

@@ -115,7 +115,7 @@ _PINNED_IDS = {
 
 def test_edge_function_ids_are_pinned() -> None:
     """Stored ids keep their meaning: a new function may only be appended with the next id."""
-    assert EDGE_FUNCTION_IDS == _PINNED_IDS | {n: EDGE_FUNCTION_IDS[n] for n in EDGE_FUNCTIONS[len(_PINNED_IDS):]}
+    assert EDGE_FUNCTION_IDS == _PINNED_IDS | {n: EDGE_FUNCTION_IDS[n] for n in EDGE_FUNCTIONS[len(_PINNED_IDS) :]}
     assert list(EDGE_FUNCTION_IDS.values()) == list(range(len(EDGE_FUNCTIONS)))
     assert all(f.id == i and f.name == EDGE_FUNCTIONS[i] for i, f in enumerate(EDGE_FUNCTION_REGISTRY))
 
@@ -237,9 +237,7 @@ def test_scale_free_matches_networkx_degrees() -> None:
     cfg = _cfg(graph=graph, samples={"base": 2, "per_intervention": 2})
     recs = generate_graphs(cfg, np.random.default_rng(5), count)
     ours = [np.sort(r["adj"].sum(0) + r["adj"].sum(1))[::-1] for r in recs]
-    ref = [
-        np.sort([d for _, d in nx.barabasi_albert_graph(n, m, seed=s).degree()])[::-1] for s in range(count)
-    ]
+    ref = [np.sort([d for _, d in nx.barabasi_albert_graph(n, m, seed=s).degree()])[::-1] for s in range(count)]
     # mean sorted degree sequence (hub first) agrees within sampling error
     mo, mr = np.mean(ours, axis=0), np.mean(ref, axis=0)
     se = np.sqrt(np.var(ours, axis=0) / count + np.var(ref, axis=0) / count)
@@ -254,8 +252,16 @@ def test_fields_and_shapes() -> None:
         n, s = r["json"]["n"], cfg.samples.base
         k = cfg.num_interventions(n)
         shapes = {
-            "adj": (n, n), "weights": (n, n), "edge_fn": (n, n), "interaction": (n,), "noise_scale": (n,),
-            "base": (s, n), "int": (k, s, n), "delta": (k, s, n), "targets": (k,), "values": (k,),
+            "adj": (n, n),
+            "weights": (n, n),
+            "edge_fn": (n, n),
+            "interaction": (n,),
+            "noise_scale": (n,),
+            "base": (s, n),
+            "int": (k, s, n),
+            "delta": (k, s, n),
+            "targets": (k,),
+            "values": (k,),
         }
         assert set(r) == set(CAUSAL_FIELDS) | {"json"}
         for name, dtype in CAUSAL_FIELDS.items():

@@ -65,12 +65,36 @@ def test_a_misspelt_hdf5_dataset_is_refused_not_replaced(tmp_path):
 
 
 def test_an_overflowing_recipe_is_refused_in_one_line_without_numpy_warnings(tmp_path):
-    args = ["generate", "--graphs", "40", "--out", str(tmp_path / "c"), "-q", "-j", "1", "--mechanism", "linear", "--n-min", "40", "--n-max", "60",
-            "--set", "mechanism.weights=signed_uniform", "--set", "mechanism.w_lo=90", "--set", "mechanism.w_hi=100", "--set", "graph.family=er",
-            "--set", "graph.expected_degree=30"]
+    args = [
+        "generate",
+        "--graphs",
+        "40",
+        "--out",
+        str(tmp_path / "c"),
+        "-q",
+        "-j",
+        "1",
+        "--mechanism",
+        "linear",
+        "--n-min",
+        "40",
+        "--n-max",
+        "60",
+        "--set",
+        "mechanism.weights=signed_uniform",
+        "--set",
+        "mechanism.w_lo=90",
+        "--set",
+        "mechanism.w_hi=100",
+        "--set",
+        "graph.family=er",
+        "--set",
+        "graph.expected_degree=30",
+    ]
     # a real process: pytest would capture numpy's RuntimeWarnings that a user sees on stderr
-    r = subprocess.run([sys.executable, "-c", "from cachebuild.cli import main; main()", *args], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    r = subprocess.run(
+        [sys.executable, "-c", "from cachebuild.cli import main; main()", *args], capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    )
     assert r.returncode == 2, r.stderr
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert len(lines) == 1 and "non-finite" in lines[0] and "clip_value" not in lines[0], r.stderr
@@ -86,10 +110,28 @@ def test_an_output_server_that_refuses_writes_gives_one_line(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/nowhere/c"
-        r = subprocess.run([sys.executable, "-c", "from cachebuild.cli import main; main()", "build", "--config",
-                            str(Path(__file__).resolve().parents[1] / "configs" / "causal-linear.toml"), "--records", "20", "--out", url, "-q", "-j", "1"],
-                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from cachebuild.cli import main; main()",
+                "build",
+                "--config",
+                str(Path(__file__).resolve().parents[1] / "configs" / "causal-linear.toml"),
+                "--records",
+                "20",
+                "--out",
+                url,
+                "-q",
+                "-j",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -119,8 +161,25 @@ def test_a_rerun_rebuilds_shards_that_were_truncated_or_deleted(tmp_path):
 
 def test_a_build_that_failed_before_its_first_shard_does_not_block_the_folder(tmp_path):
     out = tmp_path / "c"
-    bad = _gen(out, "--mechanism", "linear", "--n-min", "40", "--n-max", "60", "--set", "mechanism.weights=signed_uniform",
-               "--set", "mechanism.w_lo=90", "--set", "mechanism.w_hi=100", "--set", "graph.family=er", "--set", "graph.expected_degree=30")
+    bad = _gen(
+        out,
+        "--mechanism",
+        "linear",
+        "--n-min",
+        "40",
+        "--n-max",
+        "60",
+        "--set",
+        "mechanism.weights=signed_uniform",
+        "--set",
+        "mechanism.w_lo=90",
+        "--set",
+        "mechanism.w_hi=100",
+        "--set",
+        "graph.family=er",
+        "--set",
+        "graph.expected_degree=30",
+    )
     assert bad.exit_code == 2
     r = _gen(out)  # another recipe, no --overwrite needed: nothing was built
     assert r.exit_code == 0, r.output
@@ -158,8 +217,9 @@ def test_inspect_prints_mel_recipe_keys_that_set_accepts(tmp_path):
 
 @pytest.mark.parametrize("argv", [["generate", "--workers", "0"], ["generate", "--graphs", "abc"], ["nope"], ["stage"], ["generate", "--no-such-flag"]])
 def test_usage_errors_are_one_line_with_a_pointer_to_help(argv):
-    r = subprocess.run([sys.executable, "-c", "from cachebuild.cli import main; main()", *argv], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    r = subprocess.run(
+        [sys.executable, "-c", "from cachebuild.cli import main; main()", *argv], capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    )
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], r.stderr
 

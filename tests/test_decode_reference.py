@@ -34,8 +34,7 @@ from loaders.slots import ZERO_COPY_HELD
 
 def _ragged_record(rng: np.random.Generator, index: int) -> dict:
     a, b = 1 + int(rng.integers(0, 6)), 1 + int(rng.integers(0, 5))
-    return {"cube": rng.standard_normal((a, b, 3)).astype(np.float16), "lab": np.array(index % 7, np.int16),
-            "seq": rng.integers(0, 100, size=int(rng.integers(0, 9))).astype(np.int32)}
+    return {"cube": rng.standard_normal((a, b, 3)).astype(np.float16), "lab": np.array(index % 7, np.int16), "seq": rng.integers(0, 100, size=int(rng.integers(0, 9))).astype(np.int32)}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +44,7 @@ def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, codec in (("toy", Codec()), ("toy_raw", Codec("none", 0))):
         build_toy(root / name, records=300, codec=codec)
         out[name] = root / name
-    build(FunctionSource.per_record(_ragged_record, {"cube": "float16", "lab": "int16", "seq": "int32"}),
-          root / "ragged", records=200, workers=1, shard_mb=0.01, progress=False)
+    build(FunctionSource.per_record(_ragged_record, {"cube": "float16", "lab": "int16", "seq": "int32"}), root / "ragged", records=200, workers=1, shard_mb=0.01, progress=False)
     out["ragged"] = root / "ragged"
     return out
 
@@ -118,8 +116,7 @@ def test_graphs_view_on_dirty_buffers(caches, name, delta):
         for i, rid in enumerate(batch["record_id"].tolist()):
             rec = ref.record(rid)
             k = rec["targets"].shape[0]
-            for key, shape, fill in (("adj", (N, N), 0), ("base", (S, N), 0), ("int", (K, S, N), 0),
-                                     ("targets", (K,), -1), ("values", (K,), 0)):
+            for key, shape, fill in (("adj", (N, N), 0), ("base", (S, N), 0), ("int", (K, S, N), 0), ("targets", (K,), -1), ("values", (K,), 0)):
                 assert batch[key][i].numpy().tobytes() == padded(rec[key], shape, fill).tobytes(), (key, rid)
             want = np.zeros((K, S, N), np.float32)
             want[:k] = padded(rec["int"], (K, S, N))[:k] - padded(rec["base"], (S, N))[None]

@@ -16,8 +16,7 @@ EXAMPLES = REPO / "examples"
 
 def _run(script: str, *args: str, timeout: float = 120) -> dict:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, str(EXAMPLES / script), "--device", "cpu", "--json", *args],
-                       capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+    r = subprocess.run([sys.executable, str(EXAMPLES / script), "--device", "cpu", "--json", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "== " in r.stdout and "wait_fraction" in r.stdout  # the stall monitor's summary
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -63,8 +62,7 @@ def test_train_mel_baseline_from_cache(mel_cache):
 
 
 def test_train_mel_baseline_synthetic_h5(tmp_path):
-    d = _run("train_mel.py", "--cache", str(tmp_path / "none"), "--baseline", "--synthetic-files", "20", "--steps", "2",
-             "--batch-size", "128", "--workers", "0", "--width", "8", "--no-eval")
+    d = _run("train_mel.py", "--cache", str(tmp_path / "none"), "--baseline", "--synthetic-files", "20", "--steps", "2", "--batch-size", "128", "--workers", "0", "--width", "8", "--no-eval")
     assert d["steps"] == 1 and "file_accuracy" not in d
 
 
@@ -72,8 +70,7 @@ def test_train_causal_resident_and_seconds(causal_cache):
     """The benchmark modes: an ideal (resident) feed, and a run stopped by the clock."""
     d = _run("train_causal.py", "--cache", str(causal_cache), "--steps", "6", "--batch-size", "256", "--hidden", "32", "--workers", "0", "--resident", "2")
     assert d["steps"] == 5 and d["wait_fraction"] < 0.5
-    d = _run("train_causal.py", "--cache", str(causal_cache), "--steps", "100000", "--seconds", "1.5", "--batch-size", "256", "--hidden", "32",
-             "--workers", "0", "--handover", "0")
+    d = _run("train_causal.py", "--cache", str(causal_cache), "--steps", "100000", "--seconds", "1.5", "--batch-size", "256", "--hidden", "32", "--workers", "0", "--handover", "0")
     assert 1 < d["steps"] < 100000 and d["total_s"] < 30
 
 
@@ -96,11 +93,12 @@ def test_every_script_is_smoke_tested():
 def test_scripts_import(path):
     """Every benchmark and example (sub-folders too) imports (catches a script left behind by a refactor); peers of the bench extra may be absent."""
     file = REPO / path
-    code = (f"import sys; sys.path[:0] = [{str(file.parent)!r}, {str(REPO / 'benchmarks')!r}, {str(EXAMPLES)!r}]; "
-            f"import importlib.util as u; s = u.spec_from_file_location({file.stem!r}, {str(file)!r}); m = u.module_from_spec(s); "
-            f"sys.modules[s.name] = m; s.loader.exec_module(m)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
-                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    code = (
+        f"import sys; sys.path[:0] = [{str(file.parent)!r}, {str(REPO / 'benchmarks')!r}, {str(EXAMPLES)!r}]; "
+        f"import importlib.util as u; s = u.spec_from_file_location({file.stem!r}, {str(file)!r}); m = u.module_from_spec(s); "
+        f"sys.modules[s.name] = m; s.loader.exec_module(m)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     optional = ("litdata", "streaming", "ffcv", "lightning_utilities", "obstore")
     if r.returncode and any(f"No module named '{name}" in r.stderr for name in optional):
         pytest.skip(f"{path}: a peer of the bench extra is not installed")

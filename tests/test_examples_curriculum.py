@@ -14,8 +14,29 @@ EXAMPLE = REPO / "examples" / "curriculum"
 
 def test_curriculum_example_builds_levels_and_trains_through_the_schedule(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, str(EXAMPLE / "train.py"), "--levels-dir", str(tmp_path / "levels"), "--levels", "3", "--build", "24", "--samples", "16",
-           "--epochs-per-level", "2", "--batch-size", "1024", "--hidden", "32", "--workers", "1", "--device", "cpu", "--json"]
+    cmd = [
+        sys.executable,
+        str(EXAMPLE / "train.py"),
+        "--levels-dir",
+        str(tmp_path / "levels"),
+        "--levels",
+        "3",
+        "--build",
+        "24",
+        "--samples",
+        "16",
+        "--epochs-per-level",
+        "2",
+        "--batch-size",
+        "1024",
+        "--hidden",
+        "32",
+        "--workers",
+        "1",
+        "--device",
+        "cpu",
+        "--json",
+    ]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "== curriculum" in r.stdout and "wait_fraction" in r.stdout  # the stall monitor's summary

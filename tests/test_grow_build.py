@@ -98,12 +98,15 @@ def test_cli_append_and_keep(tmp_path: Path) -> None:
     assert read_manifest(root).records == 200 and generation_of(read_manifest(root)) == 5
 
 
-@pytest.mark.parametrize("args, code, words", [
-    (["--seed", "6"], 4, "seed: cache 5, this build 6"),
-    (["--set", "params.n_max=5"], 4, "config.n_max: cache 4, this build 5"),
-    (["--keep", "0"], 2, "'keep' has invalid value 0"),
-    (["--keep", "-2"], 2, "'keep' has invalid value -2"),
-])
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (["--seed", "6"], 4, "seed: cache 5, this build 6"),
+        (["--set", "params.n_max=5"], 4, "config.n_max: cache 4, this build 5"),
+        (["--keep", "0"], 2, "'keep' has invalid value 0"),
+        (["--keep", "-2"], 2, "'keep' has invalid value -2"),
+    ],
+)
 def test_bad_appends_are_one_error_and_change_nothing(tmp_path: Path, args: list[str], code: int, words: str) -> None:
     recipe = toy_recipe(tmp_path)
     root = tmp_path / "c"
@@ -243,11 +246,14 @@ def test_old_caches_read_as_generation_zero(tmp_path: Path) -> None:
         read_generation(root, 3)
 
 
-@pytest.mark.parametrize("key, value, words", [
-    ("first_record", -1, "build.first_record = -1"),
-    ("first_record", 7, "shards[0].first_record = 0"),
-    ("generation", "2", "build.generation = '2'"),
-])
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("first_record", -1, "build.first_record = -1"),
+        ("first_record", 7, "shards[0].first_record = 0"),
+        ("generation", "2", "build.generation = '2'"),
+    ],
+)
 def test_hostile_generation_fields_are_refused(tmp_path: Path, key: str, value: object, words: str) -> None:
     root = tmp_path / "c"
     _toy(root)

@@ -89,6 +89,7 @@ RUNNER = textwrap.dedent(
 
 # ---- the edits (root, manifest doc, folder outside the cache holding a sentinel)
 
+
 def traversal_shard(root: Path, doc: dict, outside: Path) -> None:
     doc["shards"][0]["name"] = "../outside/victim.tar"
 

@@ -20,8 +20,7 @@ from loaders.bench.stages import payload_fields, read_and_decompress, stored_pay
 from cachebuild.format.reader import ShardSet
 
 
-@pytest.mark.parametrize("name, module", [("EpochPlan", "loaders.plan"), ("BatchItems", "loaders.plan"), ("epoch_order", "loaders.plan"),
-                                          ("Layout", "loaders.batch"), ("Field", "loaders.batch")])
+@pytest.mark.parametrize("name, module", [("EpochPlan", "loaders.plan"), ("BatchItems", "loaders.plan"), ("epoch_order", "loaders.plan"), ("Layout", "loaders.batch"), ("Field", "loaders.batch")])
 def test_internals_still_import_from_loaders_with_a_warning(name, module):
     import loaders
 
@@ -73,8 +72,7 @@ def _spy_reads(monkeypatch, stream: ShardStream) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("view, options", [("graphs", {}), ("graphs", {"delta": "stored"}), ("twins", {"compact": True}), ("twins", {}),
-                                           ("records", {}), ("mel", {}), ("mel_files", {})])
+@pytest.mark.parametrize("view, options", [("graphs", {}), ("graphs", {"delta": "stored"}), ("twins", {"compact": True}), ("twins", {}), ("records", {}), ("mel", {}), ("mel_files", {})])
 def test_views_declare_the_fields_they_read(view, options, causal_cache, mel_cache, monkeypatch):  # noqa: F811
     cache = mel_cache if view.startswith("mel") else causal_cache
     stream = ShardStream(cache, view=view, batch_size=64, shuffle=True, seed=1, **options)
@@ -100,9 +98,20 @@ def test_stored_payloads_are_the_index_sizes_and_decode_to_the_array_bytes(causa
         shards.close()
 
 
-@pytest.mark.parametrize("exc, code", [(errors.CacheBuildError, 1), (errors.ConfigError, 2), (errors.ShardCorruptError, 3), (errors.ManifestError, 3),
-                                       (errors.CacheMismatchError, 4), (errors.OutputError, 5), (errors.SourceError, 6), (errors.RemoteError, 7),
-                                       (KeyboardInterrupt, EXIT_INTERRUPTED)])
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        (errors.CacheBuildError, 1),
+        (errors.ConfigError, 2),
+        (errors.ShardCorruptError, 3),
+        (errors.ManifestError, 3),
+        (errors.CacheMismatchError, 4),
+        (errors.OutputError, 5),
+        (errors.SourceError, 6),
+        (errors.RemoteError, 7),
+        (KeyboardInterrupt, EXIT_INTERRUPTED),
+    ],
+)
 def test_one_place_maps_errors_to_exit_codes(exc, code):
     @click.command()
     @friendly

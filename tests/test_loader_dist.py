@@ -21,9 +21,7 @@ DEADLINE_S = 150
 
 
 def _launch(world: int, root, out_dir, runs) -> list[dict]:
-    ctx = tmp.start_processes(
-        ddp_rank_main, args=(world, free_port(), str(root), str(out_dir), runs), nprocs=world, join=False, start_method="spawn"
-    )
+    ctx = tmp.start_processes(ddp_rank_main, args=(world, free_port(), str(root), str(out_dir), runs), nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + DEADLINE_S
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:

@@ -118,8 +118,7 @@ def test_resume_anywhere_onto_another_world(counts, per_max, batch, mix, chunk, 
     steps_done = data.draw(st.integers(0, plan.steps(world_before)))
     done = [b for r in range(world_before) for b in plan.rank_batches(world_before, r)[:steps_done].tolist()]
     position = steps_done * world_before  # what state_dict() stores: global batches consumed
-    rest = [b for r in range(world_after) for w in range(workers)
-            for b in plan.rank_batches(world_after, r, position)[w::workers].tolist()]
+    rest = [b for r in range(world_after) for w in range(workers) for b in plan.rank_batches(world_after, r, position)[w::workers].tolist()]
     assert len({len(plan.rank_batches(world_after, r, position)) for r in range(world_after)}) == 1
     real = [(r, i) for r, i, pad in _rows(plan, done + rest) if not pad]
     assert sorted(real) == sorted(_expected(per))  # nothing lost, nothing twice

@@ -79,8 +79,12 @@ def test_schedule_draws_continue_across_stages():
     assert draws_before(stages, [30, 8], 4).tolist() == [70, 10]
 
 
-@given(st.lists(st.integers(0, 40), min_size=1, max_size=4), st.lists(st.tuples(st.integers(1, 3), st.lists(st.integers(0, 5), min_size=4, max_size=4),
-       st.one_of(st.none(), st.integers(1, 90))), min_size=1, max_size=4), st.integers(0, 2**31), st.booleans())
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=4),
+    st.lists(st.tuples(st.integers(1, 3), st.lists(st.integers(0, 5), min_size=4, max_size=4), st.one_of(st.none(), st.integers(1, 90))), min_size=1, max_size=4),
+    st.integers(0, 2**31),
+    st.booleans(),
+)
 @settings(max_examples=150, deadline=None)
 def test_mixture_orders_follow_their_schedule(sizes, stages, seed, shuffle):
     names = [f"c{i}" for i in range(len(sizes))]
@@ -240,22 +244,25 @@ def _listing(roots):
     return sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for r in roots for p in Path(r).rglob("*"))
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"weights": {"small": -1, "mid": 1}}, r"weight of cache 'small' is -1; weights must be finite numbers >= 0"),
-    ({"weights": {"small": 0, "mid": 0.0}}, "all weights are 0"),
-    ({"weights": [math.nan, 1, 1]}, "weight of cache 'small' is nan"),
-    ({"weights": [1, math.inf, 1]}, "weight of cache 'mid' is inf"),
-    ({"weights": [1, 1]}, "2 weights for 3 caches"),
-    ({"weights": {"huge": 1}}, "unknown cache 'huge'"),
-    ({"epoch_size": 0}, "epoch_size must be an integer >= 1"),
-    ({"schedule": [Stage((0, 2), {"small": 1}), Stage((3, None), {"mid": 1})]}, r"epochs 2\.\.2 have no stage \(a gap"),
-    ({"schedule": [Stage((1, None), {"small": 1})]}, r"epochs 0\.\.0 have no stage"),
-    ({"schedule": [Stage((0, 3), {"small": 1}), Stage((2, None), {"mid": 1})]}, "overlap"),
-    ({"schedule": [Stage((0, None), {"small": 1}), Stage((2, None), {"mid": 1})]}, "overlap"),
-    ({"schedule": [Stage((0, 2), {"tiny": 1})]}, "unknown cache 'tiny'"),
-    ({"schedule": [Stage((2, 2), {"small": 1})]}, "empty or negative"),
-    ({"schedule": [Stage((0, None))], "weights": [1, 1, 1]}, "either weights/epoch_size or a schedule"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"weights": {"small": -1, "mid": 1}}, r"weight of cache 'small' is -1; weights must be finite numbers >= 0"),
+        ({"weights": {"small": 0, "mid": 0.0}}, "all weights are 0"),
+        ({"weights": [math.nan, 1, 1]}, "weight of cache 'small' is nan"),
+        ({"weights": [1, math.inf, 1]}, "weight of cache 'mid' is inf"),
+        ({"weights": [1, 1]}, "2 weights for 3 caches"),
+        ({"weights": {"huge": 1}}, "unknown cache 'huge'"),
+        ({"epoch_size": 0}, "epoch_size must be an integer >= 1"),
+        ({"schedule": [Stage((0, 2), {"small": 1}), Stage((3, None), {"mid": 1})]}, r"epochs 2\.\.2 have no stage \(a gap"),
+        ({"schedule": [Stage((1, None), {"small": 1})]}, r"epochs 0\.\.0 have no stage"),
+        ({"schedule": [Stage((0, 3), {"small": 1}), Stage((2, None), {"mid": 1})]}, "overlap"),
+        ({"schedule": [Stage((0, None), {"small": 1}), Stage((2, None), {"mid": 1})]}, "overlap"),
+        ({"schedule": [Stage((0, 2), {"tiny": 1})]}, "unknown cache 'tiny'"),
+        ({"schedule": [Stage((2, 2), {"small": 1})]}, "empty or negative"),
+        ({"schedule": [Stage((0, None))], "weights": [1, 1, 1]}, "either weights/epoch_size or a schedule"),
+    ],
+)
 def test_bad_weights_and_schedules_are_one_config_error(levels, kwargs, match):
     before = _listing(levels.values())
     with pytest.raises(ConfigError, match=match):

@@ -98,5 +98,5 @@ def test_resume_mid_epoch_in_a_fresh_process_onto_another_world_size(levels, spe
         want = [ref[b] for b in range(6 + rank, len(ref), 3)]
         pads = len(rows) - len(want)
         assert [[ids, pad] for ids, pad in rows[: len(want)]] == [[ids, pad] for ids, pad in want]
-        assert pads in (0, 1) and all(all(p) for _, p in rows[len(want):])
+        assert pads in (0, 1) and all(all(p) for _, p in rows[len(want) :])
     assert len({len(r) for r in got}) == 1

@@ -91,9 +91,7 @@ class _Watch:
 
 
 def _launch(world: int, url: str, out_dir: Path, remote: RemoteOptions, batch_size: int, nw: int) -> list[dict]:
-    ctx = tmp.start_processes(
-        remote_rank_main, args=(world, free_port(), url, str(out_dir), remote, batch_size, nw), nprocs=world, join=False, start_method="spawn"
-    )
+    ctx = tmp.start_processes(remote_rank_main, args=(world, free_port(), url, str(out_dir), remote, batch_size, nw), nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + DEADLINE_S
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:

@@ -97,9 +97,7 @@ def test_loader_yields_fixed_shapes_and_len(causal_cache):
     n = 0
     for batch in loader:
         n += 1
-        assert {k: (tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in batch.items()} == {
-            k: (s, d) for k, (s, d) in shapes.items()
-        }
+        assert {k: (tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in batch.items()} == {k: (s, d) for k, (s, d) in shapes.items()}
     assert n == len(loader) == len(stream)
 
 

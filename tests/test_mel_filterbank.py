@@ -34,8 +34,7 @@ librosa = pytest.importorskip("librosa")
 def test_filterbank_equals_librosa(sr, n_fft, n_mels, htk, norm):
     for fmin, fmax in [(0.0, None), (30.5, None), (125.0, sr / 2 - 250.0)]:
         ours = mel_filterbank(sr, n_fft, n_mels, fmin, fmax, htk=htk, norm=norm)
-        ref = librosa.filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax,
-                                  htk=htk, norm=norm, dtype=np.float64)
+        ref = librosa.filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax, htk=htk, norm=norm, dtype=np.float64)
         assert ours.dtype == np.float64 and ours.shape == (n_mels, 1 + n_fft // 2)
         np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-10)
 
@@ -45,9 +44,7 @@ def test_mel_scale_matches_librosa_and_inverts(htk):
     f = np.concatenate([np.linspace(0, 999.9, 50), [1000.0], np.geomspace(1000.1, 24000, 50)])
     np.testing.assert_allclose(hz_to_mel(f, htk=htk), librosa.hz_to_mel(f, htk=htk), atol=1e-10)
     np.testing.assert_allclose(mel_to_hz(hz_to_mel(f, htk=htk), htk=htk), f, rtol=1e-12)
-    np.testing.assert_allclose(mel_frequencies(66, 20.0, 2048.0, htk=htk),
-                               librosa.mel_frequencies(66, fmin=20.0, fmax=2048.0, htk=htk),
-                               atol=1e-10)
+    np.testing.assert_allclose(mel_frequencies(66, 20.0, 2048.0, htk=htk), librosa.mel_frequencies(66, fmin=20.0, fmax=2048.0, htk=htk), atol=1e-10)
     assert float(hz_to_mel(440.0, htk=htk)) == pytest.approx(float(librosa.hz_to_mel(440.0, htk=htk)))
 
 
@@ -65,17 +62,27 @@ def test_hann_is_periodic_like_scipy():
 def _librosa_log_mel(x: np.ndarray, cfg: MelConfig) -> np.ndarray:
     """Reference: librosa on every short window (leading axes are librosa 'channels')."""
     spec = librosa.feature.melspectrogram(
-        y=x, sr=cfg.sample_rate, n_fft=cfg.n_fft, hop_length=cfg.hop, window="hann",
-        center=cfg.center, pad_mode=cfg.pad_mode, power=cfg.power, n_mels=cfg.n_mels,
-        fmin=cfg.fmin, fmax=cfg.fmax_hz, htk=cfg.mel_scale == "htk", norm=cfg.norm)
+        y=x,
+        sr=cfg.sample_rate,
+        n_fft=cfg.n_fft,
+        hop_length=cfg.hop,
+        window="hann",
+        center=cfg.center,
+        pad_mode=cfg.pad_mode,
+        power=cfg.power,
+        n_mels=cfg.n_mels,
+        fmin=cfg.fmin,
+        fmax=cfg.fmax_hz,
+        htk=cfg.mel_scale == "htk",
+        norm=cfg.norm,
+    )
     if cfg.log == "none":
         return spec
     to_db = librosa.power_to_db if cfg.power == 2.0 else librosa.amplitude_to_db
     if cfg.top_db is None:
         return to_db(spec, ref=1.0, amin=cfg.log_floor, top_db=None)
     flat = spec.reshape(-1, *spec.shape[-2:])  # librosa's top_db is relative to the whole input
-    return np.stack([to_db(s, ref=1.0, amin=cfg.log_floor, top_db=cfg.top_db)
-                     for s in flat]).reshape(spec.shape)
+    return np.stack([to_db(s, ref=1.0, amin=cfg.log_floor, top_db=cfg.top_db) for s in flat]).reshape(spec.shape)
 
 
 @pytest.fixture(scope="module")
@@ -116,15 +123,18 @@ def test_user_config_log_mel_matches_librosa_on_real_audio(real_audio):
     assert checked > 1000  # real signal, not just floors
 
 
-@pytest.mark.parametrize("kwargs", [
-    {},
-    {"mel_scale": "htk", "norm": None, "fmin": 40.0, "fmax": 5000.0},
-    {"power": 2.0, "n_mels": 40},
-    {"center": True, "top_db": 60.0},
-    {"center": True, "pad_mode": "constant", "mel_scale": "slaney", "norm": "slaney"},
-    {"n_fft": 256, "hop": 64, "short_window": 1024, "long_window": 2048},
-    {"log": "none"},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"mel_scale": "htk", "norm": None, "fmin": 40.0, "fmax": 5000.0},
+        {"power": 2.0, "n_mels": 40},
+        {"center": True, "top_db": 60.0},
+        {"center": True, "pad_mode": "constant", "mel_scale": "slaney", "norm": "slaney"},
+        {"n_fft": 256, "hop": 64, "short_window": 1024, "long_window": 2048},
+        {"log": "none"},
+    ],
+)
 def test_log_mel_matches_librosa_native_rate(real_audio, kwargs):
     """Other settings, at the recordings' own rate (11025 Hz, an odd rate)."""
     _, wave, rate = real_audio[0]
@@ -178,9 +188,7 @@ def test_segment_is_a_reshape_in_order():
 
 
 # ----------------------------------------------------------------- resampling
-@pytest.mark.parametrize("n,sr_in,sr_out", [(11025, 11025, 4096), (8192, 8192, 4096),
-                                            (4001, 4000, 4096), (1000, 3000, 4096),
-                                            (1001, 44100, 4096)])
+@pytest.mark.parametrize("n,sr_in,sr_out", [(11025, 11025, 4096), (8192, 8192, 4096), (4001, 4000, 4096), (1000, 3000, 4096), (1001, 44100, 4096)])
 def test_resample_equals_scipy(n, sr_in, sr_out):
     scipy_signal = pytest.importorskip("scipy.signal")
     x = np.random.default_rng(n).standard_normal((2, n))

@@ -61,14 +61,34 @@ def test_toml_config_parses_to_the_users_values():
     assert json.loads(json.dumps(cfg.to_dict())) == cfg.to_dict()
 
 
-@pytest.mark.parametrize("key,value", [
-    ("sample_rate", 0), ("sample_rate", 4096.5), ("n_mels", True), ("mel_scale", "bark"),
-    ("norm", "l2"), ("log", "ln"), ("dtype", "float64"), ("resample", "yes"),
-    ("on_bad_file", "ignore"), ("short_clip", "crop"), ("short_window", 300),
-    ("n_fft", 1024), ("fmax", 3000.0), ("fmin", -1.0), ("power", 0), ("top_db", -5.0),
-    ("center", "no"), ("log_floor", 0.0), ("num_long", 0), ("labels", {"LEAK": -1}),
-    ("labels", {"LEAK": 0, "NOLEAK": 0}), ("labels", ["LEAK"]), ("store_waveform", 1),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("sample_rate", 0),
+        ("sample_rate", 4096.5),
+        ("n_mels", True),
+        ("mel_scale", "bark"),
+        ("norm", "l2"),
+        ("log", "ln"),
+        ("dtype", "float64"),
+        ("resample", "yes"),
+        ("on_bad_file", "ignore"),
+        ("short_clip", "crop"),
+        ("short_window", 300),
+        ("n_fft", 1024),
+        ("fmax", 3000.0),
+        ("fmin", -1.0),
+        ("power", 0),
+        ("top_db", -5.0),
+        ("center", "no"),
+        ("log_floor", 0.0),
+        ("num_long", 0),
+        ("labels", {"LEAK": -1}),
+        ("labels", {"LEAK": 0, "NOLEAK": 0}),
+        ("labels", ["LEAK"]),
+        ("store_waveform", 1),
+    ],
+)
 def test_bad_config_values_name_key_and_value(key, value):
     with pytest.raises(ConfigError, match=key.split(".")[0]) as info:
         parse_mel_config({key: value})
@@ -78,8 +98,7 @@ def test_bad_config_values_name_key_and_value(key, value):
 def test_unknown_and_ignored_keys():
     with pytest.raises(ConfigError, match="hop_length"):
         parse_mel_config({"hop_length": 128})
-    cfg = parse_mel_config({"seed": 1, "out": "x", "build": {}, "kind": "mel", "source": {},
-                            "norm": "none", "clip_seconds": 5})
+    cfg = parse_mel_config({"seed": 1, "out": "x", "build": {}, "kind": "mel", "source": {}, "norm": "none", "clip_seconds": 5})
     assert cfg.norm is None and cfg.num_long == 20
 
 
@@ -116,9 +135,7 @@ def write_float(path: Path, x: np.ndarray, rate: int = 4096, extensible: bool = 
         fmt = struct.pack("<HHIIHHH", 3, ch, rate, rate * ch * 4, ch * 4, 32, 0)
     data = x.astype("<f4").tobytes()
     junk = b"INFOabc"  # odd size: a pad byte follows
-    chunks = (b"fmt " + struct.pack("<I", len(fmt)) + fmt
-              + b"LIST" + struct.pack("<I", len(junk)) + junk + b"\x00"
-              + b"data" + struct.pack("<I", len(data)) + data)
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"LIST" + struct.pack("<I", len(junk)) + junk + b"\x00" + b"data" + struct.pack("<I", len(data)) + data
     path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks)
 
 
@@ -132,8 +149,7 @@ def test_pcm_decoding(tmp_path, bits, channels):
     truth = write_pcm(path, x, bits, rate=8000)
     info = read_wav_info(path)
     assert (info.format_tag, info.channels, info.sample_rate, info.n_frames) == (1, channels, 8000, 1001)
-    frames = decode_samples(np.fromfile(path, np.uint8, info.n_frames * info.block_align,
-                                        offset=info.data_offset), info)
+    frames = decode_samples(np.fromfile(path, np.uint8, info.n_frames * info.block_align, offset=info.data_offset), info)
     np.testing.assert_allclose(frames, truth, rtol=0, atol=1e-7)  # exact up to float32
     # within one quantisation step (plus float32 rounding, which dominates at 32 bits)
     assert np.abs(frames - x).max() <= 2.0 ** (1 - bits) + 2.0**-24
@@ -145,8 +161,7 @@ def test_pcm_decoding(tmp_path, bits, channels):
 
 
 @settings(max_examples=40, deadline=None)
-@given(bits=st.sampled_from([8, 16, 24, 32]), channels=st.integers(1, 5),
-       frames=st.integers(0, 300), seed=st.integers(0, 2**16))
+@given(bits=st.sampled_from([8, 16, 24, 32]), channels=st.integers(1, 5), frames=st.integers(0, 300), seed=st.integers(0, 2**16))
 def test_pcm_round_trip_property(bits, channels, frames, seed):
     import tempfile
 
@@ -244,8 +259,7 @@ def test_wav_folder_warns_and_skips_bad_files(wav_root):
     json.dumps(desc)
     # picklable, same records after the trip, ranges compose
     again = pickle.loads(pickle.dumps(src))
-    assert [r["mel"].tobytes() for r in again.records(0, 1) + again.records(1, 2)] == \
-        [r["mel"].tobytes() for r in recs]
+    assert [r["mel"].tobytes() for r in again.records(0, 1) + again.records(1, 2)] == [r["mel"].tobytes() for r in recs]
 
 
 def test_wav_folder_error_policy_names_the_file(wav_root):
@@ -262,8 +276,7 @@ def test_wav_folder_error_policy_names_the_file(wav_root):
 
 
 def test_wav_folder_resample_pad_labels_and_waveform(wav_root):
-    cfg = MelConfig(resample="resample", short_clip="pad", store_waveform=True,
-                    labels=(("LEAK", 7), ("NOLEAK", 3)))
+    cfg = MelConfig(resample="resample", short_clip="pad", store_waveform=True, labels=(("LEAK", 7), ("NOLEAK", 3)))
     with pytest.warns(BadFileWarning) as caught:
         src = WavFolderSource(wav_root, cfg)
     assert {Path(str(w.message).split(": ")[1]).name for w in caught} == {"b_trunc.wav", "e_text.wav"}
@@ -294,8 +307,7 @@ def h5_file(tmp_path):
         f.create_dataset("labels", data=labels)
         f.create_dataset("segments_waveform", data=waves, chunks=(2, 40, 2, 512), compression="gzip")
         f.create_dataset("segments_mel", data=mel, chunks=(3, 40, 2, 64, 1), compression="gzip")
-        f.attrs["config_json"] = json.dumps({"sr": 4096, "n_fft": 512, "hop_length": 128,
-                                             "n_mels": 64, "fmin": 0.0, "window": "hann"})
+        f.attrs["config_json"] = json.dumps({"sr": 4096, "n_fft": 512, "hop_length": 128, "n_mels": 64, "fmin": 0.0, "window": "hann"})
         f.attrs["labels_json"] = json.dumps(["LEAK", "NOLEAK"])
         f.attrs["label2id_json"] = json.dumps({"LEAK": 0, "NOLEAK": 1})
     return path, waves, mel, labels
@@ -354,8 +366,7 @@ def test_h5_source_in_joblib_workers(h5_file):
     path, _, mel, _ = h5_file
     src = H5Source(path, CFG)
 
-    parts = joblib.Parallel(n_jobs=2, backend="loky")(
-        joblib.delayed(_mel_bytes)(src, a, b) for a, b in [(0, 4), (4, F_H5)])
+    parts = joblib.Parallel(n_jobs=2, backend="loky")(joblib.delayed(_mel_bytes)(src, a, b) for a, b in [(0, 4), (4, F_H5)])
     assert b"".join(parts) == mel.tobytes()
 
 
@@ -395,8 +406,7 @@ def test_synthetic_classes_are_spectrally_separable():
 
 
 def test_synthetic_label_mapping_must_name_both_classes():
-    assert SyntheticSource(1, MelConfig(labels=(("LEAK", 1), ("NOLEAK", 0))), 0).label2id == \
-        {"LEAK": 1, "NOLEAK": 0}
+    assert SyntheticSource(1, MelConfig(labels=(("LEAK", 1), ("NOLEAK", 0))), 0).label2id == {"LEAK": 1, "NOLEAK": 0}
     with pytest.raises(ConfigError, match="labels"):
         SyntheticSource(1, MelConfig(labels=(("A", 0), ("B", 1))), 0)
     with pytest.raises(ConfigError, match="n_files"):
@@ -407,8 +417,7 @@ def test_cli_prints_skipped_files_as_one_clean_warning_line(wav_root, tmp_path):
     import subprocess
 
     out = tmp_path / "cache"
-    r = subprocess.run([sys.executable, "-m", "cachebuild.cli", "mel", "--from-wav", str(wav_root), "--out", str(out), "-j", "1", "-q"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "cachebuild.cli", "mel", "--from-wav", str(wav_root), "--out", str(out), "-j", "1", "-q"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     warned = [line for line in lines if line.startswith("warning: skipping bad audio file:")]

@@ -51,9 +51,7 @@ def _htk_filterbank(sr: int, n_fft: int, n_mels: int, f_min: float, f_max: float
     return fb
 
 
-def _torchaudio_reference(x: np.ndarray, sr: int = 4096, n_fft: int = 512, hop: int = 128,
-                          n_mels: int = 64, power: float = 1.0, center: bool = False,
-                          pad_mode: str = "reflect") -> np.ndarray:
+def _torchaudio_reference(x: np.ndarray, sr: int = 4096, n_fft: int = 512, hop: int = 128, n_mels: int = 64, power: float = 1.0, center: bool = False, pad_mode: str = "reflect") -> np.ndarray:
     """MelSpectrogram(...) then 20*log10(clamp(., 1e-10)) (10*log10 for power 2), float64."""
     x = np.asarray(x, dtype=np.float64)
     if center:
@@ -86,8 +84,7 @@ def _meaningful(ref: np.ndarray, range_db: float = DYNAMIC_RANGE_DB) -> np.ndarr
     return keep
 
 
-def _assert_within_one_f16_step(ours: np.ndarray, ref: np.ndarray,
-                                range_db: float = DYNAMIC_RANGE_DB, atol_db: float = 1e-4) -> None:
+def _assert_within_one_f16_step(ours: np.ndarray, ref: np.ndarray, range_db: float = DYNAMIC_RANGE_DB, atol_db: float = 1e-4) -> None:
     """Stored values (float16) equal the reference's float16 values, or are one step apart."""
     keep = _meaningful(ref, range_db)
     a16, b16 = ours[keep].astype(np.float16), ref[keep].astype(np.float16)
@@ -98,8 +95,7 @@ def _assert_within_one_f16_step(ours: np.ndarray, ref: np.ndarray,
     assert ok.all(), f"{int((~ok).sum())} values differ by more than one float16 step"
 
 
-def _assert_close(ours: np.ndarray, ref: np.ndarray, atol: float = 2e-3,
-                  range_db: float = DYNAMIC_RANGE_DB) -> None:
+def _assert_close(ours: np.ndarray, ref: np.ndarray, atol: float = 2e-3, range_db: float = DYNAMIC_RANGE_DB) -> None:
     keep = _meaningful(ref, range_db)
     np.testing.assert_allclose(ours[keep], ref[keep], rtol=0, atol=atol)
 
@@ -139,36 +135,42 @@ def test_default_log_mel_equals_torchaudio_definition(kind):
     _assert_within_one_f16_step(ours, ref)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"n_fft": 256, "hop": 64},                        # 5 frames per window: framing
-    {"n_fft": 200, "hop": 96},                        # hop does not divide: last samples unused
-    {"n_fft": 256, "hop": 64, "center": True},        # torchaudio pads by reflection
-    {"n_fft": 256, "hop": 100, "center": True, "pad_mode": "constant"},
-    {"power": 2.0, "n_mels": 40},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"n_fft": 256, "hop": 64},  # 5 frames per window: framing
+        {"n_fft": 200, "hop": 96},  # hop does not divide: last samples unused
+        {"n_fft": 256, "hop": 64, "center": True},  # torchaudio pads by reflection
+        {"n_fft": 256, "hop": 100, "center": True, "pad_mode": "constant"},
+        {"power": 2.0, "n_mels": 40},
+    ],
+)
 def test_framing_window_and_power_follow_torchaudio(kwargs):
     cfg = MelConfig(**kwargs)
     x = _signals()["chord"].astype(np.float32)
     ours = log_mel(x, cfg)
-    ref = _torchaudio_reference(x, n_fft=cfg.n_fft, hop=cfg.hop, n_mels=cfg.n_mels,
-                                power=cfg.power, center=cfg.center, pad_mode=cfg.pad_mode)
+    ref = _torchaudio_reference(x, n_fft=cfg.n_fft, hop=cfg.hop, n_mels=cfg.n_mels, power=cfg.power, center=cfg.center, pad_mode=cfg.pad_mode)
     want_t = (1 + 512 // cfg.hop) if cfg.center else 1 + (512 - cfg.n_fft) // cfg.hop
     assert ours.shape == ref.shape == (x.shape[0], cfg.n_mels, want_t)
     _assert_close(ours, ref)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {}, {"n_fft": 256, "hop": 64}, {"n_fft": 256, "hop": 64, "center": True}, {"power": 2.0},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"n_fft": 256, "hop": 64},
+        {"n_fft": 256, "hop": 64, "center": True},
+        {"power": 2.0},
+    ],
+)
 def test_log_mel_equals_real_torchaudio_when_installed(kwargs):
     """The users' call itself (skipped where torchaudio is not installed, as in our venv)."""
     torch = pytest.importorskip("torch")
     torchaudio = pytest.importorskip("torchaudio")
     cfg = MelConfig(**kwargs)
     x = np.concatenate(list(_signals().values())).astype(np.float32)
-    transform = torchaudio.transforms.MelSpectrogram(
-        sample_rate=4096, n_fft=cfg.n_fft, hop_length=cfg.hop, n_mels=64, power=cfg.power,
-        center=cfg.center)
+    transform = torchaudio.transforms.MelSpectrogram(sample_rate=4096, n_fft=cfg.n_fft, hop_length=cfg.hop, n_mels=64, power=cfg.power, center=cfg.center)
     with torch.no_grad():
         m = transform(torch.from_numpy(x)).double()
     ref = ((10.0 if cfg.power == 2.0 else 20.0) * m.clamp(min=1e-10).log10()).numpy()
@@ -184,8 +186,7 @@ def test_log_mel_equals_real_torchaudio_when_installed(kwargs):
 def test_default_log_mel_equals_librosa_htk_no_norm():
     librosa = pytest.importorskip("librosa")
     x = np.concatenate(list(_signals().values())).astype(np.float32)
-    spec = librosa.feature.melspectrogram(y=x, sr=4096, n_fft=512, hop_length=128, window="hann",
-                                          center=False, power=1.0, n_mels=64, htk=True, norm=None)
+    spec = librosa.feature.melspectrogram(y=x, sr=4096, n_fft=512, hop_length=128, window="hann", center=False, power=1.0, n_mels=64, htk=True, norm=None)
     ref = librosa.amplitude_to_db(spec, ref=1.0, amin=1e-10, top_db=None)
     _assert_within_one_f16_step(log_mel(x, MelConfig()), ref)
 
@@ -193,17 +194,21 @@ def test_default_log_mel_equals_librosa_htk_no_norm():
 def test_default_filterbank_equals_librosa_and_torchaudio_formulas():
     librosa = pytest.importorskip("librosa")
     fb = LogMel(MelConfig()).filterbank_t  # [257, 64] float32 as used
-    ref = librosa.filters.mel(sr=4096, n_fft=512, n_mels=64, fmin=0.0, fmax=2048.0,
-                              htk=True, norm=None, dtype=np.float64)
+    ref = librosa.filters.mel(sr=4096, n_fft=512, n_mels=64, fmin=0.0, fmax=2048.0, htk=True, norm=None, dtype=np.float64)
     np.testing.assert_allclose(fb, ref.T, rtol=0, atol=1e-7)
     np.testing.assert_allclose(ref.T, _htk_filterbank(4096, 512, 64, 0.0, 2048.0), rtol=0, atol=1e-12)
     assert float(fb.max()) <= 1.0 and np.all(fb.max(axis=0) > 0.5)  # peak-1 triangles, none empty
 
 
-@pytest.mark.parametrize("kwargs", [
-    {}, {"mel_scale": "slaney", "norm": "slaney"}, {"power": 2.0, "n_mels": 40},
-    {"n_fft": 256, "hop": 64, "center": True, "top_db": 80.0},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"mel_scale": "slaney", "norm": "slaney"},
+        {"power": 2.0, "n_mels": 40},
+        {"n_fft": 256, "hop": 64, "center": True, "top_db": 80.0},
+    ],
+)
 def test_log_mel_bytes_do_not_depend_on_the_block(kwargs):
     """A window's bytes are the same whatever block it is computed in, at any position."""
     cfg = MelConfig(**kwargs)
@@ -215,10 +220,15 @@ def test_log_mel_bytes_do_not_depend_on_the_block(kwargs):
     assert small_chunks.tobytes() == whole[:50].tobytes()
 
 
-@pytest.mark.parametrize("sr,n_fft,n_mels,htk,norm", [
-    (4096, 512, 64, True, None), (4096, 512, 64, False, "slaney"), (22050, 2048, 128, False, "slaney"),
-    (4096, 64, 64, True, None),  # more bands than bins: empty bands
-])
+@pytest.mark.parametrize(
+    "sr,n_fft,n_mels,htk,norm",
+    [
+        (4096, 512, 64, True, None),
+        (4096, 512, 64, False, "slaney"),
+        (22050, 2048, 128, False, "slaney"),
+        (4096, 64, 64, True, None),  # more bands than bins: empty bands
+    ],
+)
 def test_filterbank_taps_equal_the_matrix(sr, n_fft, n_mels, htk, norm):
     fb = mel_filterbank(sr, n_fft, n_mels, htk=htk, norm=norm)
     bins, weights = filterbank_taps(fb)
@@ -236,12 +246,10 @@ def test_slaney_option_is_the_old_30_db_offset():
 
 
 # ----------------------------------------------------------------- HDF5 files
-USERS_CONFIG = {"sample_rate": 4096, "duration_sec": 10, "long_window": 1024, "short_window": 512,
-                "n_mels": 64, "n_fft": 512, "hop_length": 128, "power": 1.0}
+USERS_CONFIG = {"sample_rate": 4096, "duration_sec": 10, "long_window": 1024, "short_window": 512, "n_mels": 64, "n_fft": 512, "hop_length": 128, "power": 1.0}
 
 
-def _write_h5(path: Path, config: dict | None, mel_shape_cfg: MelConfig | None = None,
-              mel: bool = True, waveform: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def _write_h5(path: Path, config: dict | None, mel_shape_cfg: MelConfig | None = None, mel: bool = True, waveform: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """An HDF5 file in the users' layout; mels made with the torchaudio reference."""
     h5py = pytest.importorskip("h5py")
     rng = np.random.default_rng(3)
@@ -283,8 +291,7 @@ def test_copying_never_refuses_on_parameters_that_do_not_matter(tmp_path):
     """The file's mels were made with Slaney, n_fft 256, hop 64: copy them, say so."""
     path = tmp_path / "slaney.h5"
     theirs = MelConfig(n_fft=256, hop=64)
-    _, mels = _write_h5(path, {**USERS_CONFIG, "n_fft": 256, "hop_length": 64, "mel_scale": "slaney",
-                               "norm": "slaney", "f_min": 0, "f_max": None, "center": False}, theirs)
+    _, mels = _write_h5(path, {**USERS_CONFIG, "n_fft": 256, "hop_length": 64, "mel_scale": "slaney", "norm": "slaney", "f_min": 0, "f_max": None, "center": False}, theirs)
     with pytest.warns(StoredMelWarning, match="mel_scale: stored 'slaney', config 'htk'"):
         src = H5Source(path, MelConfig(power=2.0))  # our power does not apply either
     meta = src.records(2, 3)[0]["json"]
@@ -318,8 +325,7 @@ RECOMPUTE_CASES = [  # (config_json key, file value, our key, our value as the m
 
 
 @pytest.mark.parametrize("file_key,file_value,key,ours,flag", RECOMPUTE_CASES)
-def test_recompute_refuses_every_parameter_that_changes_the_numbers(tmp_path, file_key, file_value,
-                                                                      key, ours, flag):
+def test_recompute_refuses_every_parameter_that_changes_the_numbers(tmp_path, file_key, file_value, key, ours, flag):
     path = tmp_path / "f.h5"
     config = {k: v for k, v in USERS_CONFIG.items() if not (file_key == "sr" and k == "sample_rate")}
     config[file_key] = file_value
@@ -370,12 +376,15 @@ def test_recompute_lists_every_disagreement_in_one_line(tmp_path):
         H5Source(path, MelConfig())
 
 
-@pytest.mark.parametrize("config,match", [
-    ({**USERS_CONFIG, "n_fft": "big"}, r"n_fft='big'"),
-    ({**USERS_CONFIG, "sr": 8000}, r"sample_rate=4096 but sr=8000"),
-    ({**USERS_CONFIG, "n_mels": 32}, r"n_mels 64 in the dataset but 32 expected \(config_json has n_mels=32\)"),
-    ({**USERS_CONFIG, "mel_scale": "bark"}, r"mel_scale='bark'"),
-])
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        ({**USERS_CONFIG, "n_fft": "big"}, r"n_fft='big'"),
+        ({**USERS_CONFIG, "sr": 8000}, r"sample_rate=4096 but sr=8000"),
+        ({**USERS_CONFIG, "n_mels": 32}, r"n_mels 64 in the dataset but 32 expected \(config_json has n_mels=32\)"),
+        ({**USERS_CONFIG, "mel_scale": "bark"}, r"mel_scale='bark'"),
+    ],
+)
 def test_bad_config_json_names_both_values(tmp_path, config, match):
     path = tmp_path / "bad.h5"
     _write_h5(path, config)
@@ -416,8 +425,7 @@ def test_cli_refusal_exits_non_zero_and_leaves_the_cache_intact(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: ")
         assert "hop_length=64" in lines[0] and "config hop=128" in lines[0] and "--set hop=64" in lines[0]
     assert _snapshot(out) == before
-    r = CliRunner().invoke(main, ["mel", "--from-h5", str(bad), "--out", str(tmp_path / "c2"), "-q",
-                                  "-j", "1", "--set", "hop=64"])
+    r = CliRunner().invoke(main, ["mel", "--from-h5", str(bad), "--out", str(tmp_path / "c2"), "-q", "-j", "1", "--set", "hop=64"])
     assert r.exit_code == 0, r.output
     assert _read_record(tmp_path / "c2")["json"]["hop"] == 64
 
@@ -425,11 +433,9 @@ def test_cli_refusal_exits_non_zero_and_leaves_the_cache_intact(tmp_path):
 def test_cli_ignoring_stored_mels_recomputes_and_checks(tmp_path):
     path = tmp_path / "users.h5"
     waves, _ = _write_h5(path, {**USERS_CONFIG, "mel_scale": "slaney"})
-    r = CliRunner().invoke(main, ["mel", "--from-h5", str(path), "--out", str(tmp_path / "c"), "-q",
-                                  "--h5-dataset", "mel="])
+    r = CliRunner().invoke(main, ["mel", "--from-h5", str(path), "--out", str(tmp_path / "c"), "-q", "--h5-dataset", "mel="])
     assert r.exit_code != 0 and "mel_scale='slaney'" in r.output and "--set mel_scale=slaney" in r.output
-    r = CliRunner().invoke(main, ["mel", "--from-h5", str(path), "--out", str(tmp_path / "c"), "-q",
-                                  "-j", "1", "--h5-dataset", "mel=", "--set", "mel_scale=slaney"])
+    r = CliRunner().invoke(main, ["mel", "--from-h5", str(path), "--out", str(tmp_path / "c"), "-q", "-j", "1", "--h5-dataset", "mel=", "--set", "mel_scale=slaney"])
     assert r.exit_code == 0, r.output
     rec = _read_record(tmp_path / "c", 2)
     assert rec["json"]["mel_from"] == "computed" and rec["json"]["mel_scale"] == "slaney"
@@ -443,6 +449,7 @@ def test_cli_copy_states_the_files_parameters_in_records_and_manifest(tmp_path):
     out = tmp_path / "cache"
     with pytest.warns(StoredMelWarning):
         from cachebuild.jobs import run_mel_build
+
         run_mel_build(None, [], {}, out, from_h5=path, workers=1, progress=False)
     rec = _read_record(out, 1)
     assert rec["mel"].tobytes() == mels[1].tobytes()

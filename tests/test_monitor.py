@@ -19,9 +19,25 @@ from tqdm import tqdm
 from loaders.monitor import DataBoundWarning, LowGpuUtilWarning, StallMonitor, StallSummary, measure_overhead
 
 SUMMARY_KEYS = {
-    "steps", "samples", "wall_s", "wait_s", "wait_fraction", "wait_p50_ms", "wait_p95_ms", "wait_max_ms",
-    "batches_per_s", "samples_per_s", "first_batch_s", "warmup", "gpu_util_mean", "gpu_mem_used_gb", "gpu_idle_fraction", "gpu_idle_ms_per_step",
-    "cpu_percent", "ram_used_gb", "data_bound",
+    "steps",
+    "samples",
+    "wall_s",
+    "wait_s",
+    "wait_fraction",
+    "wait_p50_ms",
+    "wait_p95_ms",
+    "wait_max_ms",
+    "batches_per_s",
+    "samples_per_s",
+    "first_batch_s",
+    "warmup",
+    "gpu_util_mean",
+    "gpu_mem_used_gb",
+    "gpu_idle_fraction",
+    "gpu_idle_ms_per_step",
+    "cpu_percent",
+    "ram_used_gb",
+    "data_bound",
 }
 
 

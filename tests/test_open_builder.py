@@ -17,7 +17,7 @@ from cachebuild.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
-USER_CODE = '''
+USER_CODE = """
 import numpy as np
 from cachebuild import FunctionSource
 
@@ -43,7 +43,7 @@ wrong_dtype = FunctionSource.per_record(_wrong_dtype, FIELDS)
 wrong_field = FunctionSource.per_record(_wrong_field, FIELDS)
 raises = FunctionSource.per_record(_raises, FIELDS)
 raises_late = FunctionSource.per_record(_raises, FIELDS, params={"at": 300})
-'''
+"""
 
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

@@ -121,7 +121,13 @@ def _ours(version: str) -> tuple[list[dict], list[str]]:
     for r, w in zip(recs, raw):
         out.append(
             _graph_stats(
-                r["adj"], w["base"], w["int"], r["base"], r["delta"], r["targets"], w["values"],
+                r["adj"],
+                w["base"],
+                w["int"],
+                r["base"],
+                r["delta"],
+                r["targets"],
+                w["values"],
                 cfg.mechanism.clip_value,
             )  # fmt: skip
         )
@@ -177,10 +183,7 @@ def test_distribution_test_detects_our_old_default(both) -> None:
     version, _, (theirs, _) = both
     rich = parse_causal_config(tomllib.loads((CONFIGS / "causal-rich.toml").read_text()))
     recs = generate_graphs(rich, np.random.default_rng(5), 500)
-    rows = [
-        _graph_stats(r["adj"], r["base"], r["int"], r["base"], r["delta"], r["targets"], r["values"], 100.0)
-        for r in recs
-    ]
+    rows = [_graph_stats(r["adj"], r["base"], r["int"], r["base"], r["delta"], r["targets"], r["values"], 100.0) for r in recs]
     assert stats.ks_2samp(_column(rows, "base_max_raw"), _column(theirs, "base_max_raw")).pvalue < 1e-6
 
 
@@ -192,14 +195,8 @@ def test_per_graph_scale_range_matches_theirs(version: str) -> None:
     data["samples"]["standardize"] = "none"
     cfg = parse_causal_config(data)
     clip = cfg.mechanism.clip_value
-    ours = [
-        _graph_stats(r["adj"], r["base"], r["int"], r["base"], r["delta"], r["targets"], r["values"], clip)
-        for r in generate_graphs(cfg, np.random.default_rng(21), 600)
-    ]
-    theirs = [
-        _graph_stats(g.adj, g.raw_base, g.raw_int, g.raw_base, g.raw_int - g.raw_base, g.targets, g.raw_values, clip)
-        for g in ref.generate(version, 22, 600, scale_range=(1.0, 5.0))
-    ]
+    ours = [_graph_stats(r["adj"], r["base"], r["int"], r["base"], r["delta"], r["targets"], r["values"], clip) for r in generate_graphs(cfg, np.random.default_rng(21), 600)]
+    theirs = [_graph_stats(g.adj, g.raw_base, g.raw_int, g.raw_base, g.raw_int - g.raw_base, g.targets, g.raw_values, clip) for g in ref.generate(version, 22, 600, scale_range=(1.0, 5.0))]
     for key in ("c_over_sigma", "delta_p90"):
         assert stats.ks_2samp(_column(ours, key), _column(theirs, key)).pvalue > P_MIN, key
     assert _column(ours, "c_over_sigma").max() > 5.0  # scales above 1 were drawn (mean |coeff| x scale)

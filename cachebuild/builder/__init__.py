@@ -1,6 +1,7 @@
 """The parallel, deterministic, resumable cache builder."""
 
-from cachebuild.builder.builder import BuildOptions, BuildSummary, build_cache
+from cachebuild.builder.builder import BuildOptions, BuildSummary
+from cachebuild.builder.entry import build_cache
 from cachebuild.builder.plan import ShardSpec, plan_shards, shard_name
 from cachebuild.builder.source import RecordSource
 

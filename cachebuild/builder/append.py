@@ -35,9 +35,9 @@ from typing import Any
 
 from cachebuild.builder.backends import run_jobs
 from cachebuild.builder.builder import BuildOptions, BuildSummary, _build_shard, _fingerprint_doc, _index_of, _progress, records_per_shard
-from cachebuild.builder.generation_manifest import commit_generation, generation_table
+from cachebuild.builder.generation_manifest import APPEND_RECORD, commit_generation, generation_table
 from cachebuild.builder.lock import build_lock
-from cachebuild.builder.markers import BUILD_RECORD, done_name, read_json, read_valid_done, write_json
+from cachebuild.builder.markers import BUILD_RECORD, read_json, read_valid_done, write_json
 from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
 from cachebuild.builder.output import LocalOutput, open_output
 from cachebuild.builder.plan import ShardSpec, plan_shards
@@ -48,11 +48,9 @@ from cachebuild.format.atomic import is_tmp_name
 from cachebuild.format.generations import GENERATIONS_DIR, generation_of, generation_seed
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
-from cachebuild.format.names import index_name
 
-__all__ = ["append_cache", "discard_unfinished", "shard_files", "APPEND_RECORD", "RECIPE_KEYS"]
+__all__ = ["append_cache", "discard_unfinished", "RECIPE_KEYS"]
 
-APPEND_RECORD = f"{GENERATIONS_DIR}/append.json"
 RECIPE_KEYS = ("kind", "config", "seed", "codec", "determinism")
 """The keys of the build fingerprint an append must share with the cache (records and shard size may differ)."""
 
@@ -63,7 +61,13 @@ def _local_cache(opts: BuildOptions) -> LocalOutput:
     if not isinstance(out, LocalOutput):
         raise ConfigError(f"--append needs a local cache folder (or a shared filesystem), got {out.location}: append there, then upload")
     if not (out.path / MANIFEST_NAME).is_file():
-        what = "does not exist" if not out.path.exists() else "holds an unfinished build (rerun it without --append first)" if (out.path / BUILD_RECORD).exists() else "is not a cachebuild cache (no manifest.json)"
+        what = (
+            "does not exist"
+            if not out.path.exists()
+            else "holds an unfinished build (rerun it without --append first)"
+            if (out.path / BUILD_RECORD).exists()
+            else "is not a cachebuild cache (no manifest.json)"
+        )
         raise ConfigError(f"--append: {out.path} {what}; build the cache first (without --append)")
     return out
 
@@ -139,8 +143,18 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
 
         prune_unlocked(out.path)
     raw, stored = sum(s.raw_bytes for s in new), sum(s.bytes for s in new)
-    return BuildSummary(str(out.path), opts.records, len(plan), len(todo), skipped, raw, stored, time.perf_counter() - t0,
-                        generation=generation, generations=tuple(g["generation"] for g in generation_table(committed)))
+    return BuildSummary(
+        str(out.path),
+        opts.records,
+        len(plan),
+        len(todo),
+        skipped,
+        raw,
+        stored,
+        time.perf_counter() - t0,
+        generation=generation,
+        generations=tuple(g["generation"] for g in generation_table(committed)),
+    )
 
 
 def _start(out: LocalOutput, manifest: Manifest, doc: dict[str, Any], fingerprint: str, sync: bool) -> None:
@@ -167,8 +181,3 @@ def discard_unfinished(root: Path, manifest: Manifest) -> list[str]:
             removed.append(path.name)
     (root / APPEND_RECORD).unlink(missing_ok=True)
     return removed
-
-
-def shard_files(name: str) -> tuple[str, str, str]:
-    """The three files of a shard: tar, index, done marker."""
-    return name, index_name(name), done_name(name)

@@ -40,7 +40,7 @@ from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
 from cachebuild.format.shard_writer import ShardWriter
 
-__all__ = ["BuildOptions", "BuildSummary", "build_cache", "BACKENDS"]
+__all__ = ["BuildOptions", "BuildSummary", "build_fresh", "BACKENDS"]
 
 
 @dataclass(frozen=True)
@@ -215,8 +215,7 @@ def _prepare_out(out: Output, doc: dict[str, Any], overwrite: bool, probe: Calla
         if not overwrite:
             differs = describe_differences(previous_doc, doc) if isinstance(previous_doc, dict) else ""
             raise CacheMismatchError(
-                f"{out.location} holds a cache built with another config, seed, codec or size"
-                f"{' (' + differs + ')' if differs else ''}; pass --overwrite to replace it, or choose another --out"
+                f"{out.location} holds a cache built with another config, seed, codec or size{' (' + differs + ')' if differs else ''}; pass --overwrite to replace it, or choose another --out"
             )
         if probe is not None:
             probe()  # a source that fails at once must not cost the old cache
@@ -264,12 +263,9 @@ def _progress(total: int, unit: str, enabled: bool) -> Any:
     return tqdm(total=total, unit=f" {unit}", unit_scale=True, disable=not enabled, dynamic_ncols=True, smoothing=0.1)
 
 
-def build_cache(source: RecordSource, opts: BuildOptions, unit: str = "records") -> BuildSummary:
-    """Build (or finish, or confirm) the cache described by ``source`` and ``opts``."""
-    if opts.append:
-        from cachebuild.builder.append import append_cache
-
-        return append_cache(source, opts, unit)
+def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records") -> BuildSummary:
+    """Build (or finish, or confirm) the cache described by ``source`` and ``opts`` (not an append:
+    :func:`cachebuild.builder.build_cache` picks this or :func:`cachebuild.builder.append.append_cache`)."""
     opts.validate()
     t0 = time.perf_counter()
     record_bytes = source.estimated_record_bytes()

@@ -21,13 +21,15 @@ from typing import Any
 import numpy as np
 
 from cachebuild.builder.determinism import build_environment
+from cachebuild.builder.markers import done_name
 from cachebuild.errors import OutputError
 from cachebuild.format.atomic import atomic_write_bytes
-from cachebuild.format.generations import GROWN_VERSION, generation_of, snapshot_path
+from cachebuild.format.generations import GENERATIONS_DIR, GROWN_VERSION, generation_of, snapshot_path
 from cachebuild.format.index import INDEX_DTYPE
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
+from cachebuild.format.names import index_name
 
-__all__ = ["generation_table", "shard_number", "commit_generation", "listed_generations"]
+__all__ = ["generation_table", "shard_number", "commit_generation", "listed_generations", "shard_files", "APPEND_RECORD"]
 
 
 def shard_number(name: str) -> int:
@@ -73,8 +75,7 @@ def _next_manifest(root: Path, old: Manifest, new: list[ShardEntry], entry: dict
         next_record=int(entry["first_record"]) + int(entry["records"]),
         environment=build_environment(),
     )
-    return Manifest(kind=old.kind, config=old.config, seed=old.seed, codec=old.codec, fields=fields_schema, shards=shards,
-                    version=GROWN_VERSION, build=build, created_by=old.created_by, root=old.root)
+    return Manifest(kind=old.kind, config=old.config, seed=old.seed, codec=old.codec, fields=fields_schema, shards=shards, version=GROWN_VERSION, build=build, created_by=old.created_by, root=old.root)
 
 
 def commit_generation(root: Path, old: Manifest, new: list[ShardEntry], entry: dict[str, Any], keep: int | None) -> Manifest:
@@ -94,3 +95,12 @@ def commit_generation(root: Path, old: Manifest, new: list[ShardEntry], entry: d
     atomic_write_bytes(snapshot_path(root, generation_of(manifest)), data)
     atomic_write_bytes(root / MANIFEST_NAME, data)
     return manifest
+
+
+APPEND_RECORD = f"{GENERATIONS_DIR}/append.json"
+"""An unfinished append's record (its plan), removed when the generation is committed."""
+
+
+def shard_files(name: str) -> tuple[str, str, str]:
+    """The three files of a shard: tar, index, done marker."""
+    return name, index_name(name), done_name(name)

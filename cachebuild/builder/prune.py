@@ -21,8 +21,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachebuild.builder.append import APPEND_RECORD, shard_files
-from cachebuild.builder.generation_manifest import listed_generations
+from cachebuild.builder.generation_manifest import APPEND_RECORD, listed_generations, shard_files
 from cachebuild.builder.lock import build_lock
 from cachebuild.errors import ConfigError
 from cachebuild.format.generations import GENERATIONS_DIR, generation_of, lease_path, read_generation, snapshot_path, try_exclusive

@@ -83,9 +83,7 @@ def number_range(key: str, v: Any, lo: float, hi: float) -> tuple[float, float]:
     pair = [v, v] if is_number(v) else v
     ok = isinstance(pair, (list, tuple)) and len(pair) == 2 and all(is_number(x) for x in pair)
     if not (ok and lo <= pair[0] <= pair[1] <= hi):
-        raise ConfigError.bad_value(
-            key, v, f"must be a number or a range [lo, hi] with {_fmt(lo)} <= lo <= hi <= {_fmt(hi)}"
-        )
+        raise ConfigError.bad_value(key, v, f"must be a number or a range [lo, hi] with {_fmt(lo)} <= lo <= hi <= {_fmt(hi)}")
     return float(pair[0]), float(pair[1])
 
 

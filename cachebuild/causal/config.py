@@ -169,10 +169,7 @@ class CausalConfig:
         out: dict[str, dict[str, Any]] = {}
         for f in dataclasses.fields(self):
             sub = getattr(self, f.name)
-            out[f.name] = {
-                k.name: list(x) if isinstance(x := getattr(sub, k.name), tuple) else x
-                for k in dataclasses.fields(sub)
-            }
+            out[f.name] = {k.name: list(x) if isinstance(x := getattr(sub, k.name), tuple) else x for k in dataclasses.fields(sub)}
         return out
 
     def max_nodes(self) -> int:
@@ -235,7 +232,8 @@ def _function_weights(r: dict[str, Any], functions: tuple[str, ...]) -> tuple[fl
     weights = r["function_weights"]
     if not isinstance(weights, (list, tuple)) or len(weights) != len(functions):
         raise ConfigError.bad_value(
-            "mechanism.function_weights", weights,
+            "mechanism.function_weights",
+            weights,
             f"must be a list of {len(functions)} numbers, one per mechanism.functions entry",
         )
     return v.numbers("mechanism.function_weights", weights, 1e-9, 1e9)

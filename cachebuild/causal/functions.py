@@ -197,6 +197,7 @@ EDGE_FUNCTIONS: tuple[str, ...] = tuple(f.name for f in EDGE_FUNCTION_REGISTRY)
 EDGE_FUNCTION_IDS: dict[str, int] = {f.name: f.id for f in EDGE_FUNCTION_REGISTRY}
 """Name -> permanent id."""
 
+
 def apply_edge_function_(fid: int, x: np.ndarray) -> None:
     """Overwrite ``x`` with ``f_fid(x)`` elementwise (in place, no large temporaries kept)."""
     EDGE_FUNCTION_REGISTRY[fid].impl(x)

@@ -156,9 +156,7 @@ def _weights(mc: MechanismConfig, rng: np.random.Generator, adj: np.ndarray) -> 
     return np.where(adj, np.where(neg, -mag, mag), 0.0).astype(_DT)
 
 
-def _values(
-    ic: InterventionConfig, rng: np.random.Generator, base: np.ndarray, targets: np.ndarray, n_targets: int
-) -> tuple[np.ndarray, np.ndarray | None]:
+def _values(ic: InterventionConfig, rng: np.random.Generator, base: np.ndarray, targets: np.ndarray, n_targets: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Intervention values c [g, K] (float32) and the per-graph scales (adaptive mode, else None)."""
     g, s, _ = base.shape
     k = targets.shape[1]

@@ -25,7 +25,12 @@ _VIEWS = "graphs, twins (causal), mel, mel_files (mel), records (any)"
 @click.option("--seconds", type=float, default=None, help="Stop after this many seconds [default: 10 unless --batches is given].")
 @click.option("--batches", type=int, default=None, help="Stop after this many batches (the first is warm-up); with --seconds, whichever comes first.")
 @click.option("--step-ms", type=float, default=0.0, show_default=True, help="Synthetic consumer: sleep this long per batch (a GPU step that leaves the CPU free).")
-@click.option("--consumer", type=click.Choice(["none", "sleep", "model"]), default=None, help="What takes the batches: nothing, a sleep of --step-ms, or a small MLP on the GPU (needs CUDA) [default: sleep if --step-ms, else none].")
+@click.option(
+    "--consumer",
+    type=click.Choice(["none", "sleep", "model"]),
+    default=None,
+    help="What takes the batches: nothing, a sleep of --step-ms, or a small MLP on the GPU (needs CUDA) [default: sleep if --step-ms, else none].",
+)
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA if present), cpu, cuda, cuda:N.")
 @click.option("--compare", is_flag=True, help="Also drain the same shards with the plain WebDataset reader (per-sample .zst decode + np.load).")
 @click.option("--sample", type=click.IntRange(min=1), default=8, show_default=True, help="Batches timed stage by stage (read, decompress, assemble, pin, copy).")
@@ -33,8 +38,22 @@ _VIEWS = "graphs, twins (causal), mel, mel_files (mel), records (any)"
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Also draw the wait per step and the throughput over steps to this PNG (needs matplotlib).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema: the loaders.bench module docstring) instead of the table.")
 @friendly
-def bench_command(cache: Path, view: str | None, batch_size: int | None, workers: int, seconds: float | None, batches: int | None,
-                  step_ms: float, consumer: str | None, device: str, compare: bool, sample: int, seed: int, plot: Path | None, as_json: bool) -> None:
+def bench_command(
+    cache: Path,
+    view: str | None,
+    batch_size: int | None,
+    workers: int,
+    seconds: float | None,
+    batches: int | None,
+    step_ms: float,
+    consumer: str | None,
+    device: str,
+    compare: bool,
+    sample: int,
+    seed: int,
+    plot: Path | None,
+    as_json: bool,
+) -> None:
     """Drain CACHE through the loader and report records/s, samples/s, payload MB/s,
     time to first batch, the consumer's wait fraction and per-stage times.
 
@@ -47,8 +66,21 @@ def bench_command(cache: Path, view: str | None, batch_size: int | None, workers
     """
     from loaders.bench import format_table, run_bench
 
-    result = run_bench(cache, view=view, batch_size=batch_size, workers=workers, seconds=seconds, batches=batches,
-                       step_ms=step_ms, consumer=consumer, device=device, compare=compare, sample=sample, seed=seed, plot=plot)
+    result = run_bench(
+        cache,
+        view=view,
+        batch_size=batch_size,
+        workers=workers,
+        seconds=seconds,
+        batches=batches,
+        step_ms=step_ms,
+        consumer=consumer,
+        device=device,
+        compare=compare,
+        sample=sample,
+        seed=seed,
+        plot=plot,
+    )
     if as_json:
         click.echo(result.to_json())
     else:

@@ -30,7 +30,14 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.command("generate")
 @click.option("--graphs", "-n", type=int, default=None, help="Number of graphs (records) to build [default: recipe's 'graphs', else 10000].")
 @click.option("--out", "-o", type=str, default="cache/causal", show_default=True, help="Cache folder (created) or fsspec URL (s3://bucket/prefix, file:///path).")
-@click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None, help="TOML recipe (see configs/); flags override it. Default: the built-in defaults, equal to configs/causal-users-2026-01-15.toml (the users' newest generator).")
+@click.option(
+    "--config",
+    "-c",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="TOML recipe (see configs/); flags override it. Default: the built-in defaults, equal to configs/causal-users-2026-01-15.toml (the users' newest generator).",
+)
 @click.option("--seed", type=int, default=None, help="Base seed [default: recipe's, else 0]. Shard i is seeded from (seed, i).")
 @_workers_option
 @click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec: zstd, or none (raw, for tmpfs) [default: zstd].")
@@ -53,7 +60,7 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
-def generate_command(graphs, out, config_path, seed, workers, codec, level, shard_mb, family, n_min, n_max, edge_prob, mechanism, noise, samples, twin, overrides, backend, scheduler, address, overwrite, append, keep, quiet) -> None:
+def generate_command(**o: Any) -> None:
     """Build a cache of random causal graphs with observational, interventional and
     twin-world samples.
 
@@ -69,22 +76,29 @@ def generate_command(graphs, out, config_path, seed, workers, codec, level, shar
     """
     from cachebuild.jobs import run_causal_build
 
-    _check_cluster_flags(backend, scheduler=scheduler, address=address)
-    values = {
-        "seed": seed, "graphs": graphs, "build.codec": codec, "build.level": level, "build.shard_mb": shard_mb,
-        "graph.family": family, "graph.n_min": n_min, "graph.n_max": n_max, "graph.edge_prob": edge_prob,
-        "mechanism.kind": mechanism, "noise.kind": noise, "samples.base": samples, "samples.twin": twin,
-    }
-    if samples is not None:
-        values["samples.per_intervention"] = samples
-    summary = run_causal_build(config_path, overrides, values, out, workers, backend, scheduler or address, overwrite, not quiet, append, keep)
+    _check_cluster_flags(o["backend"], scheduler=o["scheduler"], address=o["address"])
+    keys = {"seed": "seed", "graphs": "graphs", "codec": "build.codec", "level": "build.level", "shard_mb": "build.shard_mb", "family": "graph.family", "n_min": "graph.n_min", "n_max": "graph.n_max",
+            "edge_prob": "graph.edge_prob", "mechanism": "mechanism.kind", "noise": "noise.kind", "samples": "samples.base", "twin": "samples.twin"}  # fmt: skip
+    values = {key: o[flag] for flag, key in keys.items()}
+    if o["samples"] is not None:
+        values["samples.per_intervention"] = o["samples"]
+    where = o["scheduler"] or o["address"]
+    summary = run_causal_build(o["config_path"], o["overrides"], values, o["out"], o["workers"], o["backend"], where, o["overwrite"], not o["quiet"], o["append"], o["keep"])
     for line in summary.lines("graphs"):
         click.echo(line)
 
 
 @click.command("mel")
-@click.option("--from-h5", "from_h5", type=click.Path(path_type=Path, dir_okay=False), default=None, help="HDF5 file in the users' layout (labels, segments_mel and/or segments_waveform, label2id_json).")
-@click.option("--from-wav", "from_wav", type=click.Path(path_type=Path, file_okay=False), default=None, help="Folder of WAV files in label subfolders (LEAK/, NOLEAK/, ...); .flac/.ogg/.mp3 too when soundfile is installed.")
+@click.option(
+    "--from-h5", "from_h5", type=click.Path(path_type=Path, dir_okay=False), default=None, help="HDF5 file in the users' layout (labels, segments_mel and/or segments_waveform, label2id_json)."
+)
+@click.option(
+    "--from-wav",
+    "from_wav",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Folder of WAV files in label subfolders (LEAK/, NOLEAK/, ...); .flac/.ogg/.mp3 too when soundfile is installed.",
+)
 @click.option("--synthetic", type=int, default=None, metavar="N", help="N synthetic leak / no-leak clips (try the pipeline with no data).")
 @click.option("--out", "-o", type=str, default="cache/mel", show_default=True, help="Cache folder (created) or fsspec URL (s3://bucket/prefix, file:///path).")
 @click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None, help="TOML recipe (see configs/mel-leak.toml; built-in defaults are the same values).")
@@ -123,9 +137,15 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
         click.echo(line)
 
 
-
 @click.command("build")
-@click.option("--config", "-c", "config_path", type=click.Path(path_type=Path, dir_okay=False), required=True, help="TOML recipe; its 'kind' picks the source: causal (default), mel, or module:attribute for your own.")
+@click.option(
+    "--config",
+    "-c",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="TOML recipe; its 'kind' picks the source: causal (default), mel, or module:attribute for your own.",
+)
 @click.option("--out", "-o", type=str, required=True, help="Cache folder (created) or fsspec URL.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set params.length=128 (repeatable).")
 @click.option("--records", "-n", type=click.IntRange(min=1), default=None, help="Number of records [default: the recipe's count key: graphs, records].")
@@ -138,7 +158,20 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
 @click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
-def build_command(config_path: Path, out: str, overrides: tuple[str, ...], records: int | None, seed: int | None, workers: int | None, backend: str, address: str | None, overwrite: bool, append: bool, keep: int | None, quiet: bool) -> None:
+def build_command(
+    config_path: Path,
+    out: str,
+    overrides: tuple[str, ...],
+    records: int | None,
+    seed: int | None,
+    workers: int | None,
+    backend: str,
+    address: str | None,
+    overwrite: bool,
+    append: bool,
+    keep: int | None,
+    quiet: bool,
+) -> None:
     """Build the cache a TOML recipe describes, whatever its kind.
 
     \b
@@ -151,6 +184,8 @@ def build_command(config_path: Path, out: str, overrides: tuple[str, ...], recor
     """
     from cachebuild.api import build_recipe
 
-    summary, unit = build_recipe(config_path, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=not quiet, append=append, keep=keep)
+    summary, unit = build_recipe(
+        config_path, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=not quiet, append=append, keep=keep
+    )
     for line in summary.lines(unit):
         click.echo(line)

@@ -22,5 +22,6 @@ def prune_command(cache: Path) -> None:
     waits for no builder: it refuses while an append runs.
     """
     from cachebuild.builder.prune import prune_cache
+
     for line in prune_cache(cache).lines():
         click.echo(line)

@@ -181,9 +181,16 @@ def _plan_frames(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.nda
     group_shape = [tuple(row[: ndim[f]]) for f, row in zip(fld[starts].tolist(), shape[rec[starts], fld[starts]].tolist())]
     flat = entries.T.reshape(-1)[order]
     frames = _Frames(
-        rec=rec, fld=fld, group=group, shard=s[rec], local=local[rec],
-        offset=flat["offset"].astype(np.int64), size=flat["size"].astype(np.int64),
-        nbytes=flat["nbytes"].astype(np.int64), crc=flat["crc32"].astype(np.int64), group_shape=group_shape,
+        rec=rec,
+        fld=fld,
+        group=group,
+        shard=s[rec],
+        local=local[rec],
+        offset=flat["offset"].astype(np.int64),
+        size=flat["size"].astype(np.int64),
+        nbytes=flat["nbytes"].astype(np.int64),
+        crc=flat["crc32"].astype(np.int64),
+        group_shape=group_shape,
     )
     return frames, all_shapes
 
@@ -317,8 +324,7 @@ def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads
             shape = fr.group_shape[int(fr.group[a])]
             stride = int(data_off[a + 1] - data_off[a]) if b - a > 1 else 0
             dtype = np.dtype(shards.manifest.schema(name).dtype)
-            data = np.ndarray((b - a,) + shape, dtype=dtype, buffer=buffers[int(buf_id[a])], offset=int(data_off[a]),
-                              strides=(stride,) + _c_strides(shape, dtype.itemsize))
+            data = np.ndarray((b - a,) + shape, dtype=dtype, buffer=buffers[int(buf_id[a])], offset=int(data_off[a]), strides=(stride,) + _c_strides(shape, dtype.itemsize))
             blk.runs.append((fr.rec[a:b], data))
     for name in json_names:
         out[name] = _read_json(shards, ids, s, local, name)

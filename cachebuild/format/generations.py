@@ -104,8 +104,7 @@ def read_generation(root: str | Path, generation: int) -> Manifest:
     except FileNotFoundError:
         kept = sorted(int(p.stem[4:]) for p in path.parent.glob("gen-*.json") if p.stem[4:].isdigit())
         raise ManifestError(
-            f"generation {generation} of the cache {root} is not on disk any more (pruned; generations there: "
-            f"{', '.join(map(str, kept)) or generation_of(current)}, newest {generation_of(current)})"
+            f"generation {generation} of the cache {root} is not on disk any more (pruned; generations there: {', '.join(map(str, kept)) or generation_of(current)}, newest {generation_of(current)})"
         ) from None
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
@@ -193,4 +192,3 @@ def try_exclusive(root: str | Path, generation: int) -> int | None:
 def newest_generation(root: str | Path) -> int:
     """The generation ``manifest.json`` holds now."""
     return generation_of(read_manifest(root))
-

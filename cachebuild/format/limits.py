@@ -66,10 +66,7 @@ _STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 def check_file_name(value: Any, field: str, where: str) -> str:
     """``value`` if it is a plain file name inside the cache, else :class:`ManifestError` naming ``field``."""
     if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or value in RESERVED_NAMES or value.endswith(".done.json"):
-        raise ManifestError(
-            f"{where}: {field} = {value!r} is not a plain file name inside the cache "
-            "(no separators, no '..', no absolute path, no leading dot; letters, digits and _ . + - only)"
-        )
+        raise ManifestError(f"{where}: {field} = {value!r} is not a plain file name inside the cache (no separators, no '..', no absolute path, no leading dot; letters, digits and _ . + - only)")
     return value
 
 
@@ -148,10 +145,7 @@ def _check_field(f: Any, codec: str, biggest_shard: int, where: str) -> None:
         raise ManifestError(f"{where}: {label}.min_shape {list(f.min_shape)} exceeds max_shape {list(f.max_shape)}")
     limit = MAX_MEMBER_BYTES if codec != "none" or not biggest_shard else min(MAX_MEMBER_BYTES, biggest_shard)
     if f.dtype != JSON_DTYPE and decoded_limit(f.dtype, f.max_shape) > limit:
-        raise ManifestError(
-            f"{where}: {label}.max_shape = {list(f.max_shape)} ({f.dtype}) means members of "
-            f"{decoded_limit(f.dtype, f.max_shape)} bytes, more than the limit of {limit} bytes"
-        )
+        raise ManifestError(f"{where}: {label}.max_shape = {list(f.max_shape)} ({f.dtype}) means members of {decoded_limit(f.dtype, f.max_shape)} bytes, more than the limit of {limit} bytes")
 
 
 def _check_shard(i: int, s: Any, n_fields: int, first: int, where: str) -> None:
@@ -163,10 +157,7 @@ def _check_shard(i: int, s: Any, n_fields: int, first: int, where: str) -> None:
     nbytes = _whole(s.bytes, f"shards[{i}].bytes", where, END_BYTES, MAX_SHARD_BYTES)
     records = _whole(s.records, f"shards[{i}].records", where, 0, 1 << 40)
     if records * n_fields * MEMBER_MIN_BYTES + END_BYTES > nbytes:
-        raise ManifestError(
-            f"{where}: shards[{i}].records = {records} x {n_fields} fields cannot fit in shards[{i}].bytes = {nbytes} "
-            f"(each member takes at least {MEMBER_MIN_BYTES} bytes)"
-        )
+        raise ManifestError(f"{where}: shards[{i}].records = {records} x {n_fields} fields cannot fit in shards[{i}].bytes = {nbytes} (each member takes at least {MEMBER_MIN_BYTES} bytes)")
     if _whole(s.first_record, f"shards[{i}].first_record", where) != first:
         raise ManifestError(f"{where}: shards[{i}].first_record = {s.first_record} but the shards before it hold {first} records")
     for key in ("raw_bytes", "index_bytes"):

@@ -130,10 +130,7 @@ class Manifest:
         if doc.get("version") not in READ_VERSIONS:
             raise ManifestError(f"{where}: format version {doc.get('version')!r} is not supported (this cachebuild reads {', '.join(map(str, READ_VERSIONS))})")
         try:
-            fields = tuple(
-                FieldSchema(name, f["dtype"], f["ndim"], tuple(f["max_shape"]), tuple(f["min_shape"]))
-                for name, f in doc["fields"].items()
-            )
+            fields = tuple(FieldSchema(name, f["dtype"], f["ndim"], tuple(f["max_shape"]), tuple(f["min_shape"])) for name, f in doc["fields"].items())
             shards = tuple(ShardEntry(**s) for s in doc["shards"])
             manifest = cls(
                 kind=doc["kind"],

@@ -56,6 +56,5 @@ def check_npy_header(header: bytes | memoryview, dtype: str, shape: tuple[int, .
         raise ShardCorruptError(f"{where}: unreadable .npy header ({exc})") from exc
     if buf.tell() != len(header) or got_dtype != np.dtype(dtype) or got_dtype.hasobject or fortran or tuple(got_shape) != tuple(shape):
         raise ShardCorruptError(
-            f"{where}: .npy header says dtype {got_dtype.str}, shape {tuple(got_shape)}, fortran_order {fortran}; "
-            f"the manifest and index say {np.dtype(dtype).str}, {tuple(shape)}, C order"
+            f"{where}: .npy header says dtype {got_dtype.str}, shape {tuple(got_shape)}, fortran_order {fortran}; the manifest and index say {np.dtype(dtype).str}, {tuple(shape)}, C order"
         )

@@ -49,8 +49,21 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
 
 #: The keys that change the numbers of a mel image (given the same waveform window).
 MEL_PARAM_KEYS = (
-    "sample_rate", "short_window", "n_fft", "hop", "center", "pad_mode", "n_mels", "fmin",
-    "fmax", "mel_scale", "norm", "power", "log", "log_floor", "top_db",
+    "sample_rate",
+    "short_window",
+    "n_fft",
+    "hop",
+    "center",
+    "pad_mode",
+    "n_mels",
+    "fmin",
+    "fmax",
+    "mel_scale",
+    "norm",
+    "power",
+    "log",
+    "log_floor",
+    "top_db",
 )
 
 
@@ -100,7 +113,8 @@ class MelConfig:
             derived = int(math.floor(self.clip_seconds * self.sample_rate / self.long_window))
             if derived < 1:
                 raise ConfigError.bad_value(
-                    "clip_seconds", self.clip_seconds,
+                    "clip_seconds",
+                    self.clip_seconds,
                     f"a clip must hold at least one long window of {self.long_window} samples",
                 )
             object.__setattr__(self, "num_long", derived)
@@ -108,13 +122,12 @@ class MelConfig:
             _positive_int(self, "num_long")
         if self.long_window % self.short_window:
             raise ConfigError.bad_value(
-                "short_window", self.short_window,
+                "short_window",
+                self.short_window,
                 f"must divide long_window ({self.long_window}) exactly",
             )
         if self.n_fft > self.short_window:
-            raise ConfigError.bad_value(
-                "n_fft", self.n_fft, f"must be <= short_window ({self.short_window})"
-            )
+            raise ConfigError.bad_value("n_fft", self.n_fft, f"must be <= short_window ({self.short_window})")
         if not isinstance(self.center, bool):
             raise ConfigError.bad_value("center", self.center, "true or false")
         if not isinstance(self.store_waveform, bool):
@@ -212,10 +225,7 @@ def parse_mel_config(mapping: Mapping[str, Any] | MelConfig | None) -> MelConfig
         if key in IGNORED_TOP_LEVEL_KEYS:
             continue
         if key not in _FIELD_TYPES:
-            raise ConfigError(
-                f"unknown mel config key '{key}' (value {value!r}); known keys: "
-                f"{sorted(_FIELD_TYPES)}"
-            )
+            raise ConfigError(f"unknown mel config key '{key}' (value {value!r}); known keys: {sorted(_FIELD_TYPES)}")
         kwargs[key] = _coerce(key, value)
     return MelConfig(**kwargs)
 

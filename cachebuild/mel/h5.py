@@ -67,8 +67,7 @@ class H5Source:
     RDCC_NBYTES = 64 * 2**20
     RDCC_NSLOTS = 100_003  # prime, ~ 100x the chunks that fit
 
-    def __init__(self, path: str | os.PathLike[str], cfg: MelConfig,
-                 datasets: dict[str, str | None] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], cfg: MelConfig, datasets: dict[str, str | None] | None = None) -> None:
         self.path = str(path)
         self.requested_cfg = self.cfg = cfg
         self.datasets = {**H5_DEFAULT_DATASETS, **(datasets or {})}
@@ -89,8 +88,7 @@ class H5Source:
         if labels_name is None or labels_name not in f:
             raise SourceError(f"{self.path}: no labels dataset '{labels_name}'")
         if self._mel_ds is None and self._wave_ds is None:
-            raise SourceError(f"{self.path}: neither '{self.datasets['mel']}' nor "
-                              f"'{self.datasets['waveform']}' dataset found")
+            raise SourceError(f"{self.path}: neither '{self.datasets['mel']}' nor '{self.datasets['waveform']}' dataset found")
         raw_labels = np.asarray(f[labels_name][...]).reshape(-1)
         self._n = int(raw_labels.shape[0])
         self.file_config = _json_attr(f, "config_json", self.path)
@@ -108,24 +106,22 @@ class H5Source:
         """Stored mels are copied: describe them with the file's parameters, check the shape."""
         self.cfg = stored_config(self.requested_cfg, params, self.path)
         assert self._mel_ds is not None  # called only when the file stores mels
-        check_mel_shape(self._mel_ds, tuple(f[self._mel_ds].shape), self._n, self.cfg,
-                        params, self.path)
+        check_mel_shape(self._mel_ds, tuple(f[self._mel_ds].shape), self._n, self.cfg, params, self.path)
         diffs = config_differences(self.requested_cfg, self.cfg)
         if diffs:
-            warnings.warn(f"{self.path}: copying the stored '{self._mel_ds}' as they are, made "
-                          f"with other parameters than the config's ({'; '.join(diffs)}); the "
-                          f"records state the stored ones", StoredMelWarning, stacklevel=4)
+            warnings.warn(
+                f"{self.path}: copying the stored '{self._mel_ds}' as they are, made with other parameters than the config's ({'; '.join(diffs)}); the records state the stored ones",
+                StoredMelWarning,
+                stacklevel=4,
+            )
 
     def _check_waveform(self, f: Any) -> None:
         cfg = self.cfg
         if cfg.store_waveform and self._wave_ds is None:
-            raise SourceError(f"{self.path}: store_waveform is set but the file has no "
-                              f"'{self.datasets['waveform']}' dataset")
+            raise SourceError(f"{self.path}: store_waveform is set but the file has no '{self.datasets['waveform']}' dataset")
         want = (self._n, cfg.num_long, cfg.num_short, cfg.short_window)
         if self._wave_ds is not None and tuple(f[self._wave_ds].shape) != want:
-            raise SourceError(f"{self.path}: dataset '{self._wave_ds}' has shape "
-                              f"{f[self._wave_ds].shape}, config expects {want} "
-                              f"[files, num_long, num_short, short_window]")
+            raise SourceError(f"{self.path}: dataset '{self._wave_ds}' has shape {f[self._wave_ds].shape}, config expects {want} [files, num_long, num_short, short_window]")
 
     # -- pickling and lazy opening
     def __getstate__(self) -> dict[str, Any]:
@@ -138,8 +134,7 @@ class H5Source:
             import h5py  # imported here: only this source needs it
 
             try:
-                self._file = h5py.File(self.path, "r", rdcc_nbytes=self.RDCC_NBYTES,
-                                       rdcc_nslots=self.RDCC_NSLOTS, rdcc_w0=1.0)
+                self._file = h5py.File(self.path, "r", rdcc_nbytes=self.RDCC_NBYTES, rdcc_nslots=self.RDCC_NSLOTS, rdcc_w0=1.0)
             except OSError as exc:
                 raise SourceError(f"{self.path}: cannot open HDF5 file: {exc}") from exc
             self._pid = os.getpid()
@@ -157,16 +152,13 @@ class H5Source:
             raise SourceError(f"{self.path}: no dataset '{name}' (--h5-dataset {role}={name}); the file has: {', '.join(sorted(f.keys()))}")
         return name if name and name in f else None
 
-    def _resolve_labels(
-        self, f: Any, raw: np.ndarray
-    ) -> tuple[dict[str, int], np.ndarray, list[str]]:
+    def _resolve_labels(self, f: Any, raw: np.ndarray) -> tuple[dict[str, int], np.ndarray, list[str]]:
         file_map = _json_attr(f, "label2id_json", self.path)
         if not isinstance(file_map, dict):
             alt = _json_attr(f, "labels_json", self.path)
             if isinstance(alt, dict):
                 file_map = alt
-            elif isinstance(alt, list) and alt and all(isinstance(s, str) for s in alt) \
-                    and len(set(alt)) == len(alt):
+            elif isinstance(alt, list) and alt and all(isinstance(s, str) for s in alt) and len(set(alt)) == len(alt):
                 file_map = {name: i for i, name in enumerate(alt)}
             else:
                 file_map = {str(int(v)): int(v) for v in np.unique(raw)}
@@ -174,13 +166,11 @@ class H5Source:
         unknown = sorted(set(np.unique(raw).tolist()) - set(id2name))
         if unknown:
             first = int(np.flatnonzero(raw == unknown[0])[0])
-            raise SourceError(f"{self.path}: label {unknown[0]} of file {first} is not in the "
-                              f"file's label mapping {file_map}")
+            raise SourceError(f"{self.path}: label {unknown[0]} of file {first} is not in the file's label mapping {file_map}")
         target = self.cfg.label2id or {name: idx for idx, name in sorted(id2name.items())}
         missing = sorted(set(id2name.values()) - set(target))
         if missing:
-            raise SourceError(f"{self.path}: label names {missing} are not in the config's "
-                              f"labels {target}")
+            raise SourceError(f"{self.path}: label names {missing} are not in the config's labels {target}")
         lut = {old: target[name] for old, name in id2name.items()}
         labels = np.array([lut[int(v)] for v in raw], dtype=np.int16)
         names = [id2name[int(v)] for v in raw]
@@ -207,8 +197,7 @@ class H5Source:
             raise SourceError(f"{self.path}: cannot read files [{start}, {stop}): {exc}") from exc
         name = os.path.basename(self.path)  # records must not depend on where the file lives
         paths = [f"{name}#{i}" for i in range(start, stop)]
-        return build_records(self.cfg, start, mel, self._labels[start:stop], paths,
-                             self._names[start:stop], wave, self.mel_from)
+        return build_records(self.cfg, start, mel, self._labels[start:stop], paths, self._names[start:stop], wave, self.mel_from)
 
     @property
     def mel_from(self) -> str:
@@ -217,10 +206,17 @@ class H5Source:
 
     def describe(self) -> dict[str, Any]:
         counts = {name: int(np.sum(self._labels == idx)) for name, idx in self.label2id.items()}
-        return {"kind": self.kind, "path": self.path, "n_files": self._n,
-                "label2id": self.label2id, "label_counts": counts,
-                "mel_from": self.mel_from, "mel_params_from_file": self._params_from_file,
-                "datasets": self.datasets, "file_config": self.file_config}
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "n_files": self._n,
+            "label2id": self.label2id,
+            "label_counts": counts,
+            "mel_from": self.mel_from,
+            "mel_params_from_file": self._params_from_file,
+            "datasets": self.datasets,
+            "file_config": self.file_config,
+        }
 
 
 def _json_attr(f: Any, name: str, path: str) -> Any:
@@ -234,5 +230,3 @@ def _json_attr(f: Any, name: str, path: str) -> Any:
         return json.loads(str(raw))
     except json.JSONDecodeError as exc:
         raise SourceError(f"{path}: attribute {name} is not valid JSON: {exc}") from exc
-
-

@@ -86,8 +86,7 @@ def _normalise(key: str, alias: str, value: Any) -> Any:
         return "htk" if value else "slaney"
     if isinstance(value, str) and key in _LOWER:
         value = value.lower()
-    if isinstance(value, float) and value.is_integer() and key in (
-            "sample_rate", "long_window", "short_window", "n_fft", "hop", "n_mels"):
+    if isinstance(value, float) and value.is_integer() and key in ("sample_rate", "long_window", "short_window", "n_fft", "hop", "n_mels"):
         value = int(value)
     return coerce_value(key, value)
 
@@ -110,11 +109,9 @@ def read_file_params(file_cfg: Any, where: str) -> FileParams:
             try:
                 value = _normalise(key, alias, file_cfg[alias])
             except ConfigError as exc:
-                raise SourceError(f"{where}: config_json has {alias}={file_cfg[alias]!r}, "
-                                  f"not a valid {key}: {exc}") from exc
+                raise SourceError(f"{where}: config_json has {alias}={file_cfg[alias]!r}, not a valid {key}: {exc}") from exc
             if key in values and values[key] != value:
-                raise SourceError(f"{where}: config_json disagrees with itself: "
-                                  f"{names[key]}={values[key]!r} but {alias}={value!r}")
+                raise SourceError(f"{where}: config_json disagrees with itself: {names[key]}={values[key]!r} but {alias}={value!r}")
             values.setdefault(key, value)
             names.setdefault(key, alias)
             raw.setdefault(key, file_cfg[alias])
@@ -180,17 +177,13 @@ def check_recompute(cfg: MelConfig, params: FileParams, where: str, wave_ds: str
     the ``--set`` flags that make the config follow the file.
     """
     if params.unsupported:
-        raise SourceError(f"{where}: config_json has {'; '.join(params.unsupported)}; mels "
-                          f"recomputed from '{wave_ds}' could not match the file's; keep its "
-                          f"stored mels instead")
+        raise SourceError(f"{where}: config_json has {'; '.join(params.unsupported)}; mels recomputed from '{wave_ds}' could not match the file's; keep its stored mels instead")
     diffs = _mismatches(cfg, params)
     if not diffs:
         return
     parts = [f"{key}: file {params.stated(key)}, config {key}={ours!r}" for key, _, ours in diffs]
     flags = " ".join(_fix(key, theirs) for key, theirs, _ in diffs)
-    raise SourceError(f"{where}: config_json disagrees with the config on the parameters of "
-                      f"mels recomputed from '{wave_ds}' ({'; '.join(parts)}); pass {flags} "
-                      f"to follow the file")
+    raise SourceError(f"{where}: config_json disagrees with the config on the parameters of mels recomputed from '{wave_ds}' ({'; '.join(parts)}); pass {flags} to follow the file")
 
 
 def stored_config(cfg: MelConfig, params: FileParams, where: str) -> MelConfig:
@@ -201,8 +194,7 @@ def stored_config(cfg: MelConfig, params: FileParams, where: str) -> MelConfig:
     try:
         return dataclasses.replace(cfg, **changes)
     except ConfigError as exc:
-        raise SourceError(f"{where}: config_json describes mels cachebuild cannot "
-                          f"represent: {exc}") from exc
+        raise SourceError(f"{where}: config_json describes mels cachebuild cannot represent: {exc}") from exc
 
 
 def config_differences(ours: MelConfig, stored: MelConfig) -> list[str]:
@@ -217,8 +209,7 @@ def config_differences(ours: MelConfig, stored: MelConfig) -> list[str]:
     return out
 
 
-def check_mel_shape(name: str, shape: tuple[int, ...], n_files: int, cfg: MelConfig,
-                    params: FileParams, where: str) -> None:
+def check_mel_shape(name: str, shape: tuple[int, ...], n_files: int, cfg: MelConfig, params: FileParams, where: str) -> None:
     """The stored mel dataset must have the shape ``cfg`` (the stored parameters) gives.
 
     A dimension that disagrees is named with where its expected value came from:
@@ -229,11 +220,9 @@ def check_mel_shape(name: str, shape: tuple[int, ...], n_files: int, cfg: MelCon
     if tuple(shape) == want:
         return
     if len(shape) != len(want):
-        raise SourceError(f"{where}: dataset '{name}' has shape {tuple(shape)}, expected "
-                          f"{len(want)} axes [files, num_long, num_short, n_mels, t] = {want}")
+        raise SourceError(f"{where}: dataset '{name}' has shape {tuple(shape)}, expected {len(want)} axes [files, num_long, num_short, n_mels, t] = {want}")
     dims = ("files", "num_long", "num_short", "n_mels", "t")
-    sources = {"num_long": ("num_long",), "num_short": ("long_window", "short_window"),
-               "n_mels": ("n_mels",), "t": ("short_window", "n_fft", "hop", "center")}
+    sources = {"num_long": ("num_long",), "num_short": ("long_window", "short_window"), "n_mels": ("n_mels",), "t": ("short_window", "n_fft", "hop", "center")}
     parts = []
     for dim, got, exp in zip(dims, shape, want):
         if got == exp:
@@ -249,5 +238,4 @@ def check_mel_shape(name: str, shape: tuple[int, ...], n_files: int, cfg: MelCon
         else:
             origin = f"the config's {'/'.join(keys)} give {exp}"
         parts.append(f"{dim} {got} in the dataset but {exp} expected ({origin})")
-    raise SourceError(f"{where}: dataset '{name}' has shape {tuple(shape)}: "
-                      f"{'; '.join(parts)}")
+    raise SourceError(f"{where}: dataset '{name}' has shape {tuple(shape)}: {'; '.join(parts)}")

@@ -85,7 +85,6 @@ def read_soundfile(info: SoundFileInfo) -> tuple[np.ndarray, int]:
     except Exception as exc:
         raise SourceError(f"{info.path}: cannot decode: {' '.join(str(exc).split())}") from exc
     if frames.shape[0] != info.n_frames or rate != info.sample_rate:
-        raise SourceError(f"{info.path}: changed since the folder scan ({frames.shape[0]} frames at {rate} Hz, "
-                          f"scanned {info.n_frames} at {info.sample_rate} Hz)")
+        raise SourceError(f"{info.path}: changed since the folder scan ({frames.shape[0]} frames at {rate} Hz, scanned {info.n_frames} at {info.sample_rate} Hz)")
     mono = frames[:, 0] if frames.shape[1] == 1 else frames.mean(axis=1, dtype=np.float32)
     return np.ascontiguousarray(mono, dtype=np.float32), int(rate)

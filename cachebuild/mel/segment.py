@@ -35,10 +35,7 @@ def fit_length(wave: np.ndarray, cfg: MelConfig) -> np.ndarray:
     if n >= need:
         return wave[..., :need]
     if cfg.short_clip != "pad":
-        raise ValueError(
-            f"clip has {n} samples, needs {need} ({cfg.num_long} x {cfg.long_window}); "
-            "set short_clip = \"pad\" to zero-pad short clips"
-        )
+        raise ValueError(f'clip has {n} samples, needs {need} ({cfg.num_long} x {cfg.long_window}); set short_clip = "pad" to zero-pad short clips')
     pad = [(0, 0)] * (wave.ndim - 1) + [(0, need - n)]
     return np.pad(wave, pad)
 

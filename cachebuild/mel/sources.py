@@ -50,6 +50,7 @@ __all__ = [
     "synthesize_clip",
 ]
 
+
 # ------------------------------------------------------------------ WAV folder
 class WavFolderSource:
     """``root/<LABEL>/*.wav``: label subfolders sorted by name, files sorted by name.
@@ -77,21 +78,17 @@ class WavFolderSource:
         self.cfg = cfg
         if not self.root.is_dir():
             raise SourceError(f"{self.root}: not a directory")
-        folders = sorted(d.name for d in self.root.iterdir()
-                         if d.is_dir() and not d.name.startswith("."))
+        folders = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
         if not folders:
             raise SourceError(f"{self.root}: no label subfolders")
         self.label2id = cfg.label2id or {name: i for i, name in enumerate(folders)}
         stray = [name for name in folders if name not in self.label2id]
         if stray:
-            raise SourceError(f"{self.root}: folders {stray} have no id in the config's "
-                              f"labels {self.label2id}")
+            raise SourceError(f"{self.root}: folders {stray} have no id in the config's labels {self.label2id}")
         self._files: list[tuple[str, str, Any]] = []  # (relative path, label name, WavInfo)
         self.skipped: list[dict[str, str]] = []
         for name in folders:
-            for path in sorted((p for p in (self.root / name).iterdir()
-                                if p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".")
-                                and p.is_file()), key=lambda p: p.name):
+            for path in sorted((p for p in (self.root / name).iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".") and p.is_file()), key=lambda p: p.name):
                 self._scan(path, name)
 
     def _scan(self, path: Path, label_name: str) -> None:
@@ -101,8 +98,7 @@ class WavFolderSource:
             if self.cfg.on_bad_file == "error":
                 raise
             warnings.warn(f"skipping bad audio file: {exc}", BadFileWarning, stacklevel=3)
-            self.skipped.append({"path": path.relative_to(self.root).as_posix(),
-                                 "reason": str(exc)})
+            self.skipped.append({"path": path.relative_to(self.root).as_posix(), "reason": str(exc)})
             return
         self._files.append((path.relative_to(self.root).as_posix(), label_name, info))
 
@@ -119,17 +115,24 @@ class WavFolderSource:
         mel, seg = mel_of_waves(waves, self.cfg)
         names = [name for _, name, _ in block]
         labels = np.array([self.label2id[n] for n in names], dtype=np.int16)
-        return build_records(self.cfg, start, mel, labels, [rel for rel, _, _ in block],
-                              names, seg)
+        return build_records(self.cfg, start, mel, labels, [rel for rel, _, _ in block], names, seg)
 
     def describe(self) -> dict[str, Any]:
         counts = {name: 0 for name in self.label2id}
         for _, name, _ in self._files:
             counts[name] += 1
         rates = sorted({info.sample_rate for _, _, info in self._files})
-        return {"kind": self.kind, "path": str(self.root), "n_files": len(self._files),
-                "label2id": self.label2id, "label_counts": counts, "sample_rates": rates,
-                "n_skipped": len(self.skipped), "skipped": self.skipped, **self._decoders()}
+        return {
+            "kind": self.kind,
+            "path": str(self.root),
+            "n_files": len(self._files),
+            "label2id": self.label2id,
+            "label_counts": counts,
+            "sample_rates": rates,
+            "n_skipped": len(self.skipped),
+            "skipped": self.skipped,
+            **self._decoders(),
+        }
 
     def _decoders(self) -> dict[str, Any]:
         """libsndfile's version when some files were read through soundfile (lossy decoders may change)."""
@@ -159,8 +162,7 @@ class SyntheticSource:
         self.n_files, self.cfg, self.seed = n_files, cfg, seed
         self.label2id = cfg.label2id or {name: i for i, name in enumerate(self.NAMES)}
         if any(name not in self.label2id for name in self.NAMES):
-            raise ConfigError.bad_value("labels", self.label2id,
-                                        "synthetic data needs ids for LEAK and NOLEAK")
+            raise ConfigError.bad_value("labels", self.label2id, "synthetic data needs ids for LEAK and NOLEAK")
 
     def __len__(self) -> int:
         return self.n_files
@@ -179,8 +181,7 @@ class SyntheticSource:
         return build_records(self.cfg, start, mel, labels, paths, names, seg)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": f"synthetic://{self.seed}", "n_files": self.n_files,
-                "seed": self.seed, "label2id": self.label2id}
+        return {"kind": self.kind, "path": f"synthetic://{self.seed}", "n_files": self.n_files, "seed": self.seed, "label2id": self.label2id}
 
 
 def synthesize_clip(rng: np.random.Generator, n: int, sr: int) -> tuple[bool, np.ndarray]:

@@ -105,8 +105,13 @@ class LogMel:
         self.t = cfg.frames_per_short()
         self.n_bins = 1 + cfg.n_fft // 2
         fb = mel_filterbank(
-            cfg.sample_rate, cfg.n_fft, cfg.n_mels, cfg.fmin, cfg.fmax_hz,
-            htk=cfg.mel_scale == "htk", norm=cfg.norm,
+            cfg.sample_rate,
+            cfg.n_fft,
+            cfg.n_mels,
+            cfg.fmin,
+            cfg.fmax_hz,
+            htk=cfg.mel_scale == "htk",
+            norm=cfg.norm,
         )
         self.filterbank_t = np.ascontiguousarray(fb.T, dtype=np.float32)  # [n_bins, n_mels]
         self.tap_bins, self.tap_weights = filterbank_taps(fb)
@@ -123,10 +128,7 @@ class LogMel:
         cfg = self.cfg
         segments = np.asarray(segments)
         if segments.ndim < 1 or segments.shape[-1] != cfg.short_window:
-            raise ValueError(
-                f"segments must end with an axis of short_window={cfg.short_window} samples, "
-                f"got shape {segments.shape}"
-            )
+            raise ValueError(f"segments must end with an axis of short_window={cfg.short_window} samples, got shape {segments.shape}")
         lead = segments.shape[:-1]
         flat = segments.reshape(-1, cfg.short_window)
         out = np.empty((flat.shape[0], cfg.n_mels, self.t), dtype=np.float32)

@@ -250,7 +250,11 @@ def file_confusion(decision: Array, labels: Array, leak_label: int, is_pad: Arra
     n = tp + fp + tn + fn
     nan = float("nan")
     return {
-        "tp": tp, "fp": fp, "tn": tn, "fn": fn, "files": n,
+        "tp": tp,
+        "fp": fp,
+        "tn": tn,
+        "fn": fn,
+        "files": n,
         "accuracy": (tp + tn) / n if n else nan,
         "precision": tp / (tp + fp) if tp + fp else nan,
         "recall": tp / (tp + fn) if tp + fn else nan,

@@ -83,15 +83,9 @@ def read_wav_info(path: str | os.PathLike[str]) -> WavInfo:
         raise SourceError(f"{path}: cannot read WAV file: {exc}") from exc
     info = _parse_fmt(fmt, path, data_offset, data_size)
     if data_offset + data_size > size:
-        raise SourceError(
-            f"{path}: truncated WAV: header declares {data_size} bytes of audio, "
-            f"file holds {size - data_offset}"
-        )
+        raise SourceError(f"{path}: truncated WAV: header declares {data_size} bytes of audio, file holds {size - data_offset}")
     if data_size % info.block_align:
-        raise SourceError(
-            f"{path}: truncated WAV: {data_size} bytes of audio is not a whole number "
-            f"of {info.block_align}-byte frames"
-        )
+        raise SourceError(f"{path}: truncated WAV: {data_size} bytes of audio is not a whole number of {info.block_align}-byte frames")
     return info
 
 
@@ -124,10 +118,7 @@ def _parse_fmt(fmt: bytes, path: str, data_offset: int, data_size: int) -> WavIn
             raise SourceError(f"{path}: unsupported WAVE_FORMAT_EXTENSIBLE sub-format")
         tag = struct.unpack("<H", fmt[24:26])[0]
     if channels < 1 or rate < 1 or block_align < 1 or block_align % channels:
-        raise SourceError(
-            f"{path}: malformed WAV header (channels={channels}, rate={rate}, "
-            f"block_align={block_align})"
-        )
+        raise SourceError(f"{path}: malformed WAV header (channels={channels}, rate={rate}, block_align={block_align})")
     container = block_align // channels
     if tag == WAVE_FORMAT_PCM:
         ok = container in (1, 2, 3, 4) and 0 < bits <= 8 * container
@@ -136,10 +127,7 @@ def _parse_fmt(fmt: bytes, path: str, data_offset: int, data_size: int) -> WavIn
     else:
         raise SourceError(f"{path}: unsupported WAV format tag {tag} (only PCM and IEEE float)")
     if not ok:
-        raise SourceError(
-            f"{path}: unsupported sample layout: format {tag}, {bits} bits in "
-            f"{container}-byte containers"
-        )
+        raise SourceError(f"{path}: unsupported sample layout: format {tag}, {bits} bits in {container}-byte containers")
     return WavInfo(path, tag, channels, rate, container, data_offset, data_size // block_align)
 
 
@@ -212,16 +200,10 @@ def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
 def _check_fits(path: str, rate: int, n_frames: int, cfg: MelConfig) -> None:
     """Sample rate and length against ``cfg`` (resampling / padding allowed or not)."""
     if rate != cfg.sample_rate and cfg.resample != "resample":
-        raise SourceError(
-            f"{path}: sample rate {rate} Hz, config expects "
-            f"{cfg.sample_rate} Hz (set resample = \"resample\" to convert)"
-        )
+        raise SourceError(f'{path}: sample rate {rate} Hz, config expects {cfg.sample_rate} Hz (set resample = "resample" to convert)')
     n = resampled_length(n_frames, rate, cfg.sample_rate)
     if n < cfg.clip_samples and cfg.short_clip != "pad":
-        raise SourceError(
-            f"{path}: clip too short: {n} samples at {cfg.sample_rate} Hz, needs "
-            f"{cfg.clip_samples} (set short_clip = \"pad\" to zero-pad)"
-        )
+        raise SourceError(f'{path}: clip too short: {n} samples at {cfg.sample_rate} Hz, needs {cfg.clip_samples} (set short_clip = "pad" to zero-pad)')
 
 
 def check_wav(path: str | os.PathLike[str], cfg: MelConfig) -> WavInfo:

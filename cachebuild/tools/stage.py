@@ -74,10 +74,7 @@ class StageResult:
         if self.already_staged:
             head = f"already staged, nothing copied: {self.dst} ({self.files} files, {_human(self.bytes_total)} match the manifest)"
         else:
-            head = (
-                f"staged {self.src} -> {self.dst}: copied {self.copied_files}/{self.files} files, "
-                f"{_human(self.bytes_copied)} in {self.seconds:.2f} s ({self.gb_per_s:.2f} GB/s), sha256 verified"
-            )
+            head = f"staged {self.src} -> {self.dst}: copied {self.copied_files}/{self.files} files, {_human(self.bytes_copied)} in {self.seconds:.2f} s ({self.gb_per_s:.2f} GB/s), sha256 verified"
         return [head, f"pass to the loader: {self.dst}"]
 
 

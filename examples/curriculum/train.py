@@ -103,8 +103,7 @@ def main() -> None:
         print(f"epoch {epoch}  graphs per level {counts}  steps {steps}  mean loss {total / steps:.4f}")
     summary = monitor.summary()
     monitor.close()
-    d = print_summary(f"curriculum over {args.levels} levels (n <= {n}) on {device}", summary,
-                      {"final_loss": loss_v, "total_s": time.perf_counter() - t0})
+    d = print_summary(f"curriculum over {args.levels} levels (n <= {n}) on {device}", summary, {"final_loss": loss_v, "total_s": time.perf_counter() - t0})
     if args.json:
         print(json.dumps(d | {"epochs": per_epoch, "n_max": n}))
 

@@ -71,8 +71,10 @@ def _rows(r: BenchResult) -> list[tuple[str, str, str]]:
 
 def format_table(r: BenchResult) -> list[str]:
     """The result as aligned lines (one column per reader when ``compare`` ran)."""
-    head = [f"cache {r.cache}: view {r.view}, batch {r.batch_size}, {r.workers} worker(s), codec {r.codec}, "
-            f"device {r.device}, consumer {r.consumer}" + (f" ({r.step_ms:g} ms/step)" if r.consumer == "sleep" else "")]
+    head = [
+        f"cache {r.cache}: view {r.view}, batch {r.batch_size}, {r.workers} worker(s), codec {r.codec}, "
+        f"device {r.device}, consumer {r.consumer}" + (f" ({r.step_ms:g} ms/step)" if r.consumer == "sleep" else "")
+    ]
     c = r.compare
     rows = _rows(r)
     w0 = max(len(k) for k, _, _ in rows + [("stage (ms/batch)", "", "")])

@@ -79,8 +79,7 @@ def _check_consumer(consumer: str, dev: Any) -> None:
     if consumer not in ("none", "sleep", "model"):
         raise ConfigError(f"unknown consumer {consumer!r}; choose none, sleep or model")
     if consumer == "model" and dev.type != "cuda":
-        raise ConfigError("--consumer model trains a small model on the GPU, and this run has no CUDA device "
-                          "(use --step-ms N to model a GPU step of N ms on a CPU-only machine)")
+        raise ConfigError("--consumer model trains a small model on the GPU, and this run has no CUDA device (use --step-ms N to model a GPU step of N ms on a CPU-only machine)")
 
 
 def _open_stream(cache: str | Path, view: str, batch_size: int, seed: int) -> ShardStream:
@@ -133,27 +132,44 @@ def _compare(stream: ShardStream, batch_size: int, items_per_record: float, work
     rps = summary.samples_per_s or 0.0
     per_record = state["bytes"] / max(1, state["records"])
     return {
-        "reader": "webdataset", "batch_records": batch_records, "batches": done,
-        "records_per_s": rps, "samples_per_s": rps * items_per_record, "payload_mb_per_s": rps * per_record / 1e6,
-        "first_batch_s": summary.first_batch_s or 0.0, "wait_fraction": summary.wait_fraction,
-        "wait_p95_ms": summary.wait_p95_ms, "wall_s": summary.wall_s,
+        "reader": "webdataset",
+        "batch_records": batch_records,
+        "batches": done,
+        "records_per_s": rps,
+        "samples_per_s": rps * items_per_record,
+        "payload_mb_per_s": rps * per_record / 1e6,
+        "first_batch_s": summary.first_batch_s or 0.0,
+        "wait_fraction": summary.wait_fraction,
+        "wait_p95_ms": summary.wait_p95_ms,
+        "wall_s": summary.wall_s,
     }
 
 
-def _result(cache: str | Path, stream: ShardStream, manifest: Manifest, workers: int, step_ms: float, consumer: str, dev: Any,
-            drained: tuple[Any, int, float], stages: dict[str, Any]) -> BenchResult:
+def _result(cache: str | Path, stream: ShardStream, manifest: Manifest, workers: int, step_ms: float, consumer: str, dev: Any, drained: tuple[Any, int, float], stages: dict[str, Any]) -> BenchResult:
     summary, done, created_s = drained
     records_per_item = manifest.records / max(1, stream.plan(0).total)
     samples_per_s = summary.samples_per_s or 0.0
     records_per_s = samples_per_s * records_per_item
     per_record = decoded_bytes_per_record(stream, payload_fields(stream))
     return BenchResult(
-        cache=str(cache), view=stream.config.view, batch_size=stream.config.batch_size, workers=workers, step_ms=float(step_ms),
-        consumer=consumer, device=str(dev), codec=manifest.codec.name, batches=done, records_per_s=records_per_s,
-        samples_per_s=samples_per_s, payload_mb_per_s=records_per_s * per_record / 1e6,
+        cache=str(cache),
+        view=stream.config.view,
+        batch_size=stream.config.batch_size,
+        workers=workers,
+        step_ms=float(step_ms),
+        consumer=consumer,
+        device=str(dev),
+        codec=manifest.codec.name,
+        batches=done,
+        records_per_s=records_per_s,
+        samples_per_s=samples_per_s,
+        payload_mb_per_s=records_per_s * per_record / 1e6,
         batch_mb_per_s=summary.batches_per_s * stream.layout.nbytes / 1e6,
-        first_batch_s=(summary.first_batch_s or 0.0) + created_s, wait_fraction=summary.wait_fraction,
-        wait_p95_ms=summary.wait_p95_ms, wall_s=summary.wall_s, stages_ms=stages,
+        first_batch_s=(summary.first_batch_s or 0.0) + created_s,
+        wait_fraction=summary.wait_fraction,
+        wait_p95_ms=summary.wait_p95_ms,
+        wall_s=summary.wall_s,
+        stages_ms=stages,
     )
 
 

@@ -85,8 +85,7 @@ def webdataset_pipeline(cache_dir: str | Path, batch_records: int, shuffle: bool
     except ImportError:
         raise ConfigError("the WebDataset reader needs the webdataset package: pip install webdataset") from None
     urls = [str(Path(cache_dir) / s.name) for s in read_manifest(cache_dir).shards]
-    ds = wds.WebDataset(urls, shardshuffle=100 if shuffle else False, nodesplitter=None, workersplitter=wds.split_by_worker,
-                        empty_check=False, seed=seed).map(decode_sample)
+    ds = wds.WebDataset(urls, shardshuffle=100 if shuffle else False, nodesplitter=None, workersplitter=wds.split_by_worker, empty_check=False, seed=seed).map(decode_sample)
     if shuffle:
         ds = ds.shuffle(1000)
     return ds.batched(batch_records, collation_fn=pad_collate, partial=True)

@@ -122,8 +122,7 @@ class MelView(_MelBase):
 
     name = "mel"
 
-    def __init__(self, manifest: Manifest, batch_size: int, dtype: str | None = None, waveform: bool = False,
-                 mix: int | None = DEFAULT_MIX, chunk: int = 1):
+    def __init__(self, manifest: Manifest, batch_size: int, dtype: str | None = None, waveform: bool = False, mix: int | None = DEFAULT_MIX, chunk: int = 1):
         super().__init__(manifest, batch_size, dtype, waveform)
         self.mix, self.chunk = check_mixing(self.name, mix, chunk)
         self.g_max: int | None = None

@@ -92,6 +92,8 @@ def auto_twin_chunk(batch_size: int, rows: int) -> int:
     while batch_size > chunk * TWIN_CHUNKS_PER_BATCH and chunk * 2 <= max(rows, DEFAULT_TWIN_CHUNK):
         chunk *= 2
     return chunk
+
+
 """Consecutive rows of one world kept together in a mixed plan (divides the 64 rows per world)."""
 
 
@@ -122,8 +124,7 @@ class TwinsView(View):
 
     name = "twins"
 
-    def __init__(self, manifest: Manifest, batch_size: int, compact: bool = False, delta: str = "auto",
-                 mix: int | None = DEFAULT_MIX, chunk: int | None = None):
+    def __init__(self, manifest: Manifest, batch_size: int, compact: bool = False, delta: str = "auto", mix: int | None = DEFAULT_MIX, chunk: int | None = None):
         super().__init__(manifest, batch_size)
         delta = resolve_delta(manifest, delta)
         need = ["adj", "base", "int", "targets", "values"] + (["delta"] if delta == "stored" else [])
@@ -141,8 +142,14 @@ class TwinsView(View):
         self.w_max: int | None = None
         self._decode = need
         S, K, N = self.s, self.k_max, self.n_max
-        dense = {"base": Dense((S, N), "float32"), "int": Dense((K, S, N), "float32"), "adj": Dense((N, N), "float32"),
-                 "targets": Dense((K,), "int64", False), "values": Dense((K,), "float32", False), "n": Dense((), "int64", False)}
+        dense = {
+            "base": Dense((S, N), "float32"),
+            "int": Dense((K, S, N), "float32"),
+            "adj": Dense((N, N), "float32"),
+            "targets": Dense((K,), "int64", False),
+            "values": Dense((K,), "float32", False),
+            "n": Dense((), "int64", False),
+        }
         if delta == "stored":
             dense["delta"] = Dense((K, S, N), "float32")
         self.store = RecordStore(dense, self._decode_into)
