@@ -138,7 +138,7 @@ def _codes(specs: list[str]) -> dict[str, Path]:
     out = {}
     for spec in specs or [f"this={ROOT}"]:
         name, _, path = spec.partition("=")
-        if not path or not (Path(path) / "cachebuild" / "cli.py").exists():
+        if not path or not (Path(path) / "cachebuild" / "__init__.py").exists():
             raise SystemExit(f"--code {spec!r}: expected NAME=DIR with DIR a cachebuild checkout")
         out[name] = Path(path).resolve()
     return out
