@@ -28,7 +28,7 @@ RANKS = 2
 
 def _run(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]))
-    return subprocess.run([sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra], env=env, capture_output=True, text=True, timeout=900)
 
 
 def _batches(out: Path, tag: str, rank: int) -> list[dict]:
