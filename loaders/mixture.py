@@ -93,7 +93,7 @@ class Mixture:
                 raise ConfigError("Mixture: give either weights/epoch_size or a schedule (each Stage has its own weights and epoch_size), not both")
             stages = check_schedule(self.schedule, names)
         else:
-            stages = check_schedule([Stage((0, None), self.weights, self.epoch_size)], names)
+            stages = check_schedule([Stage((0, None), self.weights, self.epoch_size)], names, where="Mixture")
         object.__setattr__(self, "schedule", stages)
         object.__setattr__(self, "weights", stages[0].weights if len(stages) == 1 else None)
 
