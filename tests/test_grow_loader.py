@@ -239,15 +239,15 @@ def test_a_mixture_holds_the_generation_it_reads_of_each_cache(tmp_path: Path) -
     _toy(b, records=100)
     stream = ShardStream(Mixture({"a": str(a), "b": str(b)}), view="records", batch_size=BATCH, seed=1)
 
-    def epoch() -> list[int]:
-        return sorted(int(v) for x in DataLoader(stream, batch_size=None, num_workers=2) for v in x["record_id"][~x["is_pad"]].tolist())
+    def epoch(s: ShardStream) -> list[int]:
+        return sorted(int(v) for x in DataLoader(s, batch_size=None, num_workers=2) for v in x["record_id"][~x["is_pad"]].tolist())
 
-    first = epoch()
+    first = epoch(stream)
     assert first == list(range(300))
     gen0 = set(shard_files(a))
     _toy(a, records=100, append=True, keep=1)
     assert gen0 <= set(shard_files(a)), "--keep deleted shards a running mixture reads"
-    assert epoch() == first  # still generation 0 of 'a': a mixture does not switch generations
+    assert epoch(stream) == first  # still generation 0 of 'a': a mixture does not switch generations
     del stream
     cli("prune", str(a))  # the stream is gone: its lease with it
     assert not gen0 & set(shard_files(a))
