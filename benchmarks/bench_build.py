@@ -138,7 +138,8 @@ def _codes(specs: list[str]) -> dict[str, Path]:
     out = {}
     for spec in specs or [f"this={ROOT}"]:
         name, _, path = spec.partition("=")
-        if not path or not (Path(path) / "cachebuild" / "__init__.py").exists():
+        cli = Path(path) / "cachebuild"
+        if not path or not ((cli / "cli.py").exists() or (cli / "cli" / "__main__.py").exists()):  # a module before the house issue, a package since
             raise SystemExit(f"--code {spec!r}: expected NAME=DIR with DIR a cachebuild checkout")
         out[name] = Path(path).resolve()
     return out

@@ -72,6 +72,6 @@ def parse_recipe(doc: Mapping[str, Any], count_key: str = "graphs", default_code
     workers = build.get("workers")
     if workers is not None:
         workers = _int("build.workers", workers, 1, 4096)
-    codec = parse_codec(build.get("codec", default_codec), build.get("level"))
+    codec = parse_codec(build.get("codec", default_codec), build.get("level"), ("build.codec", "build.level"))
     table = {k: v for k, v in doc.items() if k not in ("build", count_key)}
     return Recipe(table, seed, count, codec, int(shard_mb * (1 << 20)), workers)

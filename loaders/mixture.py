@@ -42,8 +42,10 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 import numpy as np
 
 from cachebuild.errors import CacheMismatchError, ConfigError
+from cachebuild.format.generations import Lease, generation_of
 from cachebuild.format.manifest import FieldSchema, Manifest, read_manifest
 from cachebuild.format.names import record_key
+from loaders.generations import open_generation
 from loaders.mixplan import mixture_order
 from loaders.plan import EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
@@ -93,7 +95,7 @@ class Mixture:
                 raise ConfigError("Mixture: give either weights/epoch_size or a schedule (each Stage has its own weights and epoch_size), not both")
             stages = check_schedule(self.schedule, names)
         else:
-            stages = check_schedule([Stage((0, None), self.weights, self.epoch_size)], names)
+            stages = check_schedule([Stage((0, None), self.weights, self.epoch_size)], names, where="Mixture")
         object.__setattr__(self, "schedule", stages)
         object.__setattr__(self, "weights", stages[0].weights if len(stages) == 1 else None)
 
@@ -208,6 +210,9 @@ class OpenMixture:
         self.shard_counts = [np.array([s.records for s in m.shards], dtype=np.int64) for m in self.manifests]
         self.fingerprints = [cache_fingerprint(m) for m in self.manifests]
         self._check_nonempty()
+        # Checked and compatible: now hold each local cache's generation (a lease file in its folder), so
+        # --keep and prune leave what this mixture reads alone; it reads them as opened (docs/mixtures.md).
+        self.leases: list[Lease] = [open_generation(local_path(r), generation_of(m))[1] for r, m in zip(self.roots, self.manifests) if not is_remote(r)]
         self.fingerprint = hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()
 
     def _read(self, root: str) -> Manifest:

@@ -110,17 +110,20 @@ def epoch_counts(weights: Sequence[float] | None, records: Sequence[int] | np.nd
     return np.array(counts, dtype=np.int64)
 
 
-def check_schedule(stages: Sequence[Stage], names: Sequence[str]) -> tuple[Stage, ...]:
+def check_schedule(stages: Sequence[Stage], names: Sequence[str], where: str | None = None) -> tuple[Stage, ...]:
     """The stages in epoch order, each with checked weights; a :class:`ConfigError` for a gap, an
-    overlap, an empty or reversed range, an open stage that is not the last, or a bad epoch size."""
+    overlap, an empty or reversed range, an open stage that is not the last, or a bad epoch size.
+
+    ``where`` names the one stage a plain ``Mixture(weights=..., epoch_size=...)`` makes, so its
+    errors speak of what the user wrote (``Mixture: weight of cache 'a' is -1``), not of a schedule."""
     if isinstance(stages, (str, bytes, Mapping)) or not isinstance(stages, Sequence) or not stages:
         raise ConfigError("schedule: expected a non-empty list of Stage(epochs=(first, end), weights=...)")
     out = []
     for i, s in enumerate(stages):
         if not isinstance(s, Stage):
             raise ConfigError(f"schedule stage {i}: expected a Stage(epochs=(first, end), weights=...), got {type(s).__name__}")
-        _check_stage(s, i, names)
-        out.append(Stage((s.first, s.end), check_weights(s.weights, names, f"schedule stage {i} (epochs {_span(s)})"), s.epoch_size))
+        _check_stage(s, where or f"schedule stage {i}")
+        out.append(Stage((s.first, s.end), check_weights(s.weights, names, where or f"schedule stage {i} (epochs {_span(s)})"), s.epoch_size))
     out.sort(key=lambda s: s.first)
     if out[0].first != 0:
         raise ConfigError(f"schedule: epochs 0..{out[0].first - 1} have no stage (the first stage starts at epoch {out[0].first}); stages must cover every epoch from 0")
@@ -132,17 +135,17 @@ def check_schedule(stages: Sequence[Stage], names: Sequence[str]) -> tuple[Stage
     return tuple(out)
 
 
-def _check_stage(s: Stage, i: int, names: Sequence[str]) -> None:
+def _check_stage(s: Stage, where: str) -> None:
     ep = s.epochs
     if isinstance(ep, range):
         if ep.step != 1:
-            raise ConfigError(f"schedule stage {i}: epochs {ep!r} must be a range with step 1")
+            raise ConfigError(f"{where}: epochs {ep!r} must be a range with step 1")
     elif not isinstance(ep, (tuple, list)) or len(ep) != 2 or not _is_int(ep[0]) or not (ep[1] is None or _is_int(ep[1])):
-        raise ConfigError(f"schedule stage {i}: epochs must be (first, end) with integers (end None: open), got {ep!r}")
+        raise ConfigError(f"{where}: epochs must be (first, end) with integers (end None: open), got {ep!r}")
     if s.first < 0 or (s.end is not None and s.end <= s.first):
-        raise ConfigError(f"schedule stage {i}: epochs {_span(s)} is empty or negative (first >= 0, end > first)")
+        raise ConfigError(f"{where}: epochs {_span(s)} is empty or negative (first >= 0, end > first)")
     if s.epoch_size is not None and (not _is_int(s.epoch_size) or s.epoch_size < 1):
-        raise ConfigError(f"schedule stage {i}: epoch_size must be an integer >= 1 records, got {s.epoch_size!r}")
+        raise ConfigError(f"{where}: epoch_size must be an integer >= 1 records, got {s.epoch_size!r}")
 
 
 def _span(s: Stage) -> str:

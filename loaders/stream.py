@@ -107,6 +107,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         **view_options: Any,
     ):
         super().__init__()
+        for name, value in (("batch_size", batch_size), ("seed", seed)):  # a float would fail deep in the plan, or silently seed
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"{name} must be a whole number, got {value!r}")
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         if window is not None and window < 1:

@@ -85,6 +85,8 @@ def test_refusal_names_the_differing_config_key_and_codec(small_cache):
         (["--set", "graph.n_min=0"], "graph.n_min", 2),
         (["--set", "graph.colour=3"], "graph.colour", 2),
         (["--config", "/nonexistent/recipe.toml"], "does not exist", 2),
+        (["--level", "50"], "config key 'build.level' has invalid value 50", 2),  # the recipe's key, as --set writes it
+        (["--set", "build.codec=lz4"], "config key 'build.codec' has invalid value 'lz4'", 2),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(tmp_path, args, needle, code):

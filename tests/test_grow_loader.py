@@ -226,3 +226,28 @@ def test_ddp_ranks_agree_on_the_generation_of_each_epoch(tmp_path: Path) -> None
         total = 120 if gens == {0} else 160
         assert sorted(ranks[0]["epochs"][e]["ids"] + ranks[1]["epochs"][e]["ids"]) == list(range(total))
     assert ranks[0]["epochs"][0]["generation"] == 0 and ranks[0]["epochs"][2]["generation"] == 1
+
+
+def test_a_mixture_holds_the_generation_it_reads_of_each_cache(tmp_path: Path) -> None:
+    """A mixture reads each cache at the generation it had when opened; ``--keep`` must leave those shards
+    alone while the stream lives (before, it held no lease: a DataLoader whose workers reopen the shards
+    each epoch failed with 'shard ... is missing' after an append with ``--keep 1``)."""
+    from loaders import Mixture
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    _toy(a)
+    _toy(b, records=100)
+    stream = ShardStream(Mixture({"a": str(a), "b": str(b)}), view="records", batch_size=BATCH, seed=1)
+
+    def epoch(s: ShardStream) -> list[int]:
+        return sorted(int(v) for x in DataLoader(s, batch_size=None, num_workers=2) for v in x["record_id"][~x["is_pad"]].tolist())
+
+    first = epoch(stream)
+    assert first == list(range(300))
+    gen0 = set(shard_files(a))
+    _toy(a, records=100, append=True, keep=1)
+    assert gen0 <= set(shard_files(a)), "--keep deleted shards a running mixture reads"
+    assert epoch(stream) == first  # still generation 0 of 'a': a mixture does not switch generations
+    del stream
+    cli("prune", str(a))  # the stream is gone: its lease with it
+    assert not gen0 & set(shard_files(a))

@@ -247,13 +247,14 @@ def _listing(roots):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"weights": {"small": -1, "mid": 1}}, r"weight of cache 'small' is -1; weights must be finite numbers >= 0"),
+        ({"weights": {"small": -1, "mid": 1}}, r"^Mixture: weight of cache 'small' is -1; weights must be finite numbers >= 0"),
         ({"weights": {"small": 0, "mid": 0.0}}, "all weights are 0"),
         ({"weights": [math.nan, 1, 1]}, "weight of cache 'small' is nan"),
         ({"weights": [1, math.inf, 1]}, "weight of cache 'mid' is inf"),
         ({"weights": [1, 1]}, "2 weights for 3 caches"),
         ({"weights": {"huge": 1}}, "unknown cache 'huge'"),
-        ({"epoch_size": 0}, "epoch_size must be an integer >= 1"),
+        ({"epoch_size": 0}, "^Mixture: epoch_size must be an integer >= 1"),
+        ({"schedule": [Stage((0, None), {"small": -2})]}, r"^schedule stage 0 \(epochs 0\.\.\): weight of cache 'small' is -2"),
         ({"schedule": [Stage((0, 2), {"small": 1}), Stage((3, None), {"mid": 1})]}, r"epochs 2\.\.2 have no stage \(a gap"),
         ({"schedule": [Stage((1, None), {"small": 1})]}, r"epochs 0\.\.0 have no stage"),
         ({"schedule": [Stage((0, 3), {"small": 1}), Stage((2, None), {"mid": 1})]}, "overlap"),

@@ -198,6 +198,10 @@ def test_view_errors(causal_cache, toy_cache):
         make_view("nope", read_manifest(causal_cache), 4)
     with pytest.raises(ValueError, match="needs field"):
         ShardStream(toy_cache, view="graphs", batch_size=4)
+    with pytest.raises(ValueError, match=r"batch_size must be a whole number, got 2\.5"):
+        ShardStream(causal_cache, view="graphs", batch_size=2.5)
+    with pytest.raises(ValueError, match=r"seed must be a whole number, got 1\.5"):
+        ShardStream(causal_cache, view="graphs", batch_size=4, seed=1.5)
     with pytest.raises(TypeError, match="twins"):
         ShardStream(causal_cache, view="twins", batch_size=4, compcat=True)
     with pytest.raises(ValueError, match="JSON"):

@@ -221,6 +221,24 @@ def test_unstage_removes_only_staged_copies(src, tmp_path):
     assert (src / MANIFEST_NAME).exists()
 
 
+def test_unstage_removes_the_lease_files_a_loader_made(src, tmp_path):
+    """A loader reading the staged copy leaves generations/gen-NNNNN.lock there; unstage removes it (it left
+    the folder behind before), and keeps anything else in generations/."""
+    from loaders import ShardStream
+
+    dst = tmp_path / "causal"
+    stage_cache(src, dst, progress=False)
+    stream = ShardStream(dst, view="records", batch_size=8)
+    next(iter(stream))
+    del stream
+    assert [p.name for p in (dst / "generations").iterdir()] == ["gen-00000.lock"]
+    assert unstage_cache(dst).files == 3 + 2 * len(read_manifest(src).shards) and not dst.exists()
+    stage_cache(src, dst, progress=False)
+    (dst / "generations").mkdir()
+    (dst / "generations" / "notes.txt").write_text("mine")
+    assert unstage_cache(dst).left == ("generations",) and (dst / "generations" / "notes.txt").read_text() == "mine"
+
+
 def test_cli_stage_unstage_roundtrip(src, tmp_path):
     runner, dst = CliRunner(), tmp_path / "causal"
     first = runner.invoke(stage_command, [str(src), str(dst), "-q"])

@@ -43,17 +43,20 @@ class Codec:
         return {"name": self.name, "level": self.level if self.name == "zstd" else None}
 
 
-def parse_codec(name: str | dict[str, Any] | Codec, level: int | None = None) -> Codec:
-    """Validate a codec name (and zstd level) from the CLI, a config or a manifest."""
+def parse_codec(name: str | dict[str, Any] | Codec, level: int | None = None, keys: tuple[str, str] = ("codec", "codec.level")) -> Codec:
+    """Validate a codec name (and zstd level) from the CLI, a config or a manifest.
+
+    ``keys`` are the names an error gives the two values: a recipe's are ``build.codec`` and
+    ``build.level`` (what ``--set`` and the flags write), a manifest's ``codec`` and ``codec.level``."""
     if isinstance(name, Codec):
         return name
     if isinstance(name, dict):
-        return parse_codec(name.get("name", "zstd"), name.get("level"))
+        return parse_codec(name.get("name", "zstd"), name.get("level"), keys)
     if name not in CODEC_NAMES:
-        raise ConfigError.bad_value("codec", name, f"must be one of {', '.join(CODEC_NAMES)}")
+        raise ConfigError.bad_value(keys[0], name, f"must be one of {', '.join(CODEC_NAMES)}")
     if name == "none":
         return Codec("none", 0)
     lvl = 1 if level is None else level
     if not isinstance(lvl, int) or isinstance(lvl, bool) or not -7 <= lvl <= 22:
-        raise ConfigError.bad_value("codec.level", lvl, "must be an integer from -7 to 22")
+        raise ConfigError.bad_value(keys[1], lvl, "must be an integer from -7 to 22")
     return Codec("zstd", lvl)

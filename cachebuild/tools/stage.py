@@ -26,6 +26,7 @@ from typing import Callable
 from cachebuild.builder.markers import file_sha256
 from cachebuild.errors import CacheBuildError, ConfigError, OutputError, ShardCorruptError
 from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name, output_error, tmp_name
+from cachebuild.format.generations import GENERATIONS_DIR
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.records import check_structure
@@ -348,6 +349,20 @@ def _held(dst: Path, names: set[str]) -> int:
     return total
 
 
+def _clean_leases(dst: Path) -> int:
+    """Delete the lease files loaders made in the staged copy (``generations/gen-NNNNN.lock``, empty), and the
+    folder when nothing else is in it; returns how many. Anything else there is kept and listed as left."""
+    folder = dst / GENERATIONS_DIR
+    if not folder.is_dir():
+        return 0
+    leases = [p for p in folder.glob("gen-*.lock") if p.stem[4:].isdigit() and p.is_file()]
+    for p in leases:
+        p.unlink()
+    if not any(folder.iterdir()):
+        folder.rmdir()
+    return len(leases)
+
+
 def unstage_cache(dst: str | Path) -> UnstageResult:
     """Remove a staged copy made by :func:`stage_cache`: manifest first, then shards, then the stamp.
 
@@ -365,6 +380,7 @@ def unstage_cache(dst: str | Path) -> UnstageResult:
     names = set(stamp.get("expected", [])) | set(stamp["files"])
     files = sum(1 for p in dst.iterdir() if p.is_file() and (p.name in names or p.name == MANIFEST_NAME or is_tmp_name(p)))
     freed = _clean(dst, {MANIFEST_NAME}) + _clean(dst, names)
+    files += _clean_leases(dst)
     freed += (dst / STAMP_NAME).stat().st_size
     (dst / STAMP_NAME).unlink()
     left = tuple(sorted(p.name for p in dst.iterdir()))
