@@ -78,6 +78,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3, help="epochs per run; a run reports its best")
     ap.add_argument("--readers", default="twins,graphs")
     ap.add_argument("--no-append", action="store_true")
+    from _results import quick_defaults
+
+    quick_defaults(ap, graphs=200, rounds=1, epochs=1, dir="/tmp/cachebuild-bench-mixture-quick")
     args = ap.parse_args()
     base = Path(args.dir)
     mixed = {f"part{i}": build(base / f"part{i}", args.graphs, i) for i in (1, 2, 3)}

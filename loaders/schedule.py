@@ -110,6 +110,10 @@ def epoch_counts(weights: Sequence[float] | None, records: Sequence[int] | np.nd
     return np.array(counts, dtype=np.int64)
 
 
+MAX_EPOCH_RECORDS = 1 << 31
+"""The most records one epoch may draw: its plan holds an int64 order of that length (16 GiB)."""
+
+
 def check_schedule(stages: Sequence[Stage], names: Sequence[str], where: str | None = None) -> tuple[Stage, ...]:
     """The stages in epoch order, each with checked weights; a :class:`ConfigError` for a gap, an
     overlap, an empty or reversed range, an open stage that is not the last, or a bad epoch size.
@@ -144,8 +148,8 @@ def _check_stage(s: Stage, where: str) -> None:
         raise ConfigError(f"{where}: epochs must be (first, end) with integers (end None: open), got {ep!r}")
     if s.first < 0 or (s.end is not None and s.end <= s.first):
         raise ConfigError(f"{where}: epochs {_span(s)} is empty or negative (first >= 0, end > first)")
-    if s.epoch_size is not None and (not _is_int(s.epoch_size) or s.epoch_size < 1):
-        raise ConfigError(f"{where}: epoch_size must be an integer >= 1 records, got {s.epoch_size!r}")
+    if s.epoch_size is not None and (not _is_int(s.epoch_size) or not 1 <= s.epoch_size <= MAX_EPOCH_RECORDS):
+        raise ConfigError(f"{where}: epoch_size must be an integer in [1, {MAX_EPOCH_RECORDS:,}] records, got {s.epoch_size!r}")
 
 
 def _span(s: Stage) -> str:

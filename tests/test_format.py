@@ -167,8 +167,15 @@ def test_corrupt_raw_payload_detected_by_crc(toy_cache_raw, tmp_path):
 
 
 def test_missing_and_malformed_manifest(tmp_path, toy_cache):
-    with pytest.raises(ManifestError, match="no cache manifest"):
+    with pytest.raises(ManifestError, match=r"no cache manifest .* \(the folder does not exist\)"):
         read_manifest(tmp_path / "nope")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("not a cache")
+    with pytest.raises(ManifestError, match=r"\(not a cachebuild cache: build one with"):
+        read_manifest(tmp_path / "plain")
+    (tmp_path / "plain" / "build.json").write_text("{}")  # a build that stopped before publishing its manifest
+    with pytest.raises(ManifestError, match=r"\(incomplete build\? rerun the same command"):
+        read_manifest(tmp_path / "plain")
     root = _copy(toy_cache, tmp_path / "c")
     (root / "manifest.json").write_text("{not json")
     with pytest.raises(ManifestError, match="not valid JSON"):

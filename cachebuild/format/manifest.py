@@ -150,6 +150,15 @@ class Manifest:
         return manifest
 
 
+def _missing_manifest_hint(root: Path) -> str:
+    """Why a folder has no manifest: it does not exist, a build stopped before publishing it, or it is no cache."""
+    if not root.exists():
+        return " (the folder does not exist)"
+    if (root / "build.json").is_file():  # the builder's record of an unfinished build (cachebuild.builder.markers)
+        return " (incomplete build? rerun the same command to finish it)"
+    return " (not a cachebuild cache: build one with `cachebuild generate`, `mel` or `build`)"
+
+
 def read_manifest(root: str | Path) -> Manifest:
     """Read ``root/manifest.json``; a missing cache gives a message naming the path."""
     path = Path(root) / MANIFEST_NAME
@@ -157,7 +166,7 @@ def read_manifest(root: str | Path) -> Manifest:
         with open(path, "rb") as fh:
             data = fh.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as exc:
-        hint = " (the folder does not exist)" if not Path(root).exists() else " (incomplete build? rerun the same command to finish it)"
+        hint = _missing_manifest_hint(Path(root))
         raise ManifestError(f"no cache manifest at {path}{hint}") from exc
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
