@@ -8,6 +8,7 @@ table belongs to the generator's own parser, which validates it.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -73,5 +74,7 @@ def parse_recipe(doc: Mapping[str, Any], count_key: str = "graphs", default_code
     if workers is not None:
         workers = _int("build.workers", workers, 1, 4096)
     codec = parse_codec(build.get("codec", default_codec), build.get("level"), ("build.codec", "build.level"))
+    if codec.name == "none" and build.get("level") is not None:
+        warnings.warn(f"build.level = {build['level']!r} has no effect: build.codec is 'none' (members are stored uncompressed; use --codec zstd to compress)", UserWarning, stacklevel=2)
     table = {k: v for k, v in doc.items() if k not in ("build", count_key)}
     return Recipe(table, seed, count, codec, int(shard_mb * (1 << 20)), workers)

@@ -113,3 +113,16 @@ def test_a_lock_left_by_a_dead_build_is_taken_over(tmp_path, cache):
     assert r.exit_code == 0, r.output
     assert not (out / LOCK_NAME).exists()
     assert _hashes(out) == _hashes(cache)  # the same recipe: byte-identical to a build without the stale lock
+
+
+@pytest.mark.filterwarnings("default:build.level")  # the CLI prints it: that is what is tested
+def test_a_level_with_codec_none_is_a_one_line_warning(tmp_path):
+    """--level means nothing for raw members: say so (one line), and build anyway."""
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    r = CliRunner().invoke(main, ["generate", "--graphs", "20", "--codec", "none", "--level", "5", "--out", str(tmp_path / "c"), "-q"])
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.output.splitlines() if line.startswith("warning:")]
+    assert warned == ["warning: build.level = 5 has no effect: build.codec is 'none' (members are stored uncompressed; use --codec zstd to compress)"]
