@@ -238,3 +238,43 @@ def test_a_generation_with_larger_shapes_keeps_that_cache_and_moves_the_others(t
 
 
 SMALL_SEED = 6
+
+
+def test_plain_dataloader_workers_follow_a_grown_cache_at_set_epoch(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from loaders import loader_state
+
+    roots = _caches(tmp_path)
+    s = _stream(roots)
+    loader = DataLoader(s, batch_size=None, num_workers=2, persistent_workers=True)
+    s.set_epoch(0)
+    _once(_rows(s, [b for b in loader]), [200, 120])
+    _toy(tmp_path / "b", 60, seed=6, append=True)
+    s.set_epoch(1)
+    it = iter(loader)
+    batches = [next(it)]
+    assert [c["generation"] for c in loader_state(loader)["mixture"]["caches"]] == [0, 1]
+    _once(_rows(s, batches + [b for b in it]), [200, 180])
+
+
+@pytest.mark.dist
+def test_ddp_ranks_agree_on_each_caches_generation(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    from grow_fixtures import ddp_mixture_grow_rank
+    from loader_fixtures import free_port
+
+    _toy(tmp_path / "a", 120, seed=5)
+    _toy(tmp_path / "b", 50, seed=6)
+    roots = {"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}
+    mp.spawn(ddp_mixture_grow_rank, args=(2, free_port(), roots, str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        assert "error" not in r, r.get("error")
+    for e in range(3):
+        gens = {tuple(r["epochs"][e]["generations"]) for r in ranks}
+        assert len(gens) == 1, f"epoch {e}: ranks read generations {gens}"
+        rows = [tuple(x) for r in ranks for x in r["epochs"][e]["rows"]]
+        _once(rows, [120 if gens == {(0, 0)} else 160, 50])
+    assert ranks[0]["epochs"][0]["generations"] == [0, 0] and ranks[0]["epochs"][2]["generations"] == [1, 0]
