@@ -23,6 +23,9 @@ follows:
 * remote caches (``http(s)://``, ``s3://``) stay at the generation they had
   when the stream opened them.
 
+A mixture of caches follows the same rules per cache (:mod:`loaders.mixgrow`,
+which builds on the functions here).
+
 Who decides: the main process, when a pass starts (direct iteration and
 :func:`loaders.make_loader`, which hands the generation to its workers with
 the epoch); under ``torch.distributed``, rank 0's main process, for every

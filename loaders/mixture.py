@@ -28,6 +28,11 @@ raised before anything is read or written. The loader state names every cache
 by its fingerprint (:func:`loaders.state.cache_fingerprint`) and the stages by
 their weights, so a state loads only into the same mixture
 (:class:`~cachebuild.errors.CacheMismatchError` naming what differs).
+
+Each local cache is read at a generation (a cache grows by appends) and
+leased, as one cache is: :mod:`loaders.mixgrow` moves every cache to its
+newest generation at each epoch start and rebuilds the union
+(:meth:`OpenMixture.moved`); the state records each cache's generation.
 """
 
 from __future__ import annotations
@@ -196,7 +201,11 @@ def union_manifest(names: Sequence[str], manifests: Sequence[Manifest], label: s
 
 class OpenMixture:
     """A :class:`Mixture` with its caches' manifests read and checked: the union manifest, the
-    shards of a reading process, the plan of an epoch, and the mixture's part of the loader state."""
+    shards of a reading process, the plan of an epoch, and the mixture's part of the loader state.
+
+    Each local cache is opened at its newest generation with a lease held on it
+    (:attr:`leases`, :attr:`generations`); the manifests are checked for compatibility
+    before any lease is taken, so refused input writes nothing."""
 
     def __init__(self, spec: Mixture, remote: RemoteOptions | None = None):
         self.spec = spec
