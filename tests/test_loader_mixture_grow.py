@@ -278,3 +278,44 @@ def test_ddp_ranks_agree_on_each_caches_generation(tmp_path: Path) -> None:
         rows = [tuple(x) for r in ranks for x in r["epochs"][e]["rows"]]
         _once(rows, [120 if gens == {(0, 0)} else 160, 50])
     assert ranks[0]["epochs"][0]["generations"] == [0, 0] and ranks[0]["epochs"][2]["generations"] == [1, 0]
+
+
+_BUILDER = """
+for i in $(seq {rounds}); do
+  "{python}" -m cachebuild.cli build --config "{recipe}" --out "{root}" -q --append --records 60 --keep 2 || exit 1
+  sleep 0.3
+done
+"""
+
+
+def test_a_mixture_reads_while_a_background_builder_grows_one_cache(tmp_path: Path) -> None:
+    recipe = toy_recipe(tmp_path)
+    roots = {"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}
+    for root in roots.values():
+        cli("build", "--config", str(recipe), "--out", root, "-q")
+    script = _BUILDER.format(rounds=4, python=sys.executable, recipe=recipe, root=roots["a"])
+    builder = subprocess.Popen(["bash", "-c", script], env=_env())
+    stream = _stream(roots)
+    loader = make_loader(stream, num_workers=2)
+    seen: list[int] = []
+    try:
+        finished = None
+        while finished is None or len(seen) < 2 or seen[-1] != 4:
+            if finished is None and builder.poll() is not None:
+                finished = builder.returncode
+            it = iter(loader)
+            batches = [next(it)]
+            assert stream.mixture is not None
+            generation, manifest = stream.generations[0], stream.mixture.manifests[0]  # the epoch's (leased while it runs)
+            rows = _rows(stream, batches + list(it))
+            first = manifest.build.get("first_record", 0)
+            assert sorted(i for c, i in rows if c == 0) == list(range(first, first + manifest.records)), f"cache a at generation {generation}: not that generation, once"
+            assert sorted(i for c, i in rows if c == 1) == list(range(200))
+            assert not seen or generation >= seen[-1]
+            seen.append(generation)
+            if finished is not None and seen[-1] != 4:
+                raise AssertionError(f"after the builder ended the mixture still reads generation {seen[-1]} of cache a")
+    finally:
+        builder.wait(timeout=200)
+    assert finished == 0
+    assert len(set(seen)) >= 2, f"the mixture saw generations {sorted(set(seen))} of cache a only"
