@@ -83,8 +83,13 @@ def load_generations(stream: "ShardStream", state: Mapping[str, Any]) -> None:
             raise CacheMismatchError(f"loader state was saved from a mixture of caches, this stream reads the single cache {stream.root}")
         use_generation(stream, state_generation(state))
         return
+    before = stream.mixture.generations
     _use_mixture(stream, stream.mixture, stream.mixture.saved_generations(state), True, {})
-    stream.mixture.check_state(state)  # fingerprints of the generations now read
+    try:
+        stream.mixture.check_state(state)  # fingerprints of the generations now read
+    except CacheMismatchError:
+        _use_mixture(stream, stream.mixture, before, False, {})  # a refused state leaves the stream as it was
+        raise
 
 
 def _refresh_mixture(stream: "ShardStream", mix: OpenMixture) -> None:

@@ -319,3 +319,28 @@ def test_a_mixture_reads_while_a_background_builder_grows_one_cache(tmp_path: Pa
         builder.wait(timeout=200)
     assert finished == 0
     assert len(set(seen)) >= 2, f"the mixture saw generations {sorted(set(seen))} of cache a only"
+
+
+def test_a_mixture_state_on_a_pruned_or_invalid_generation_is_a_clear_error(tmp_path: Path) -> None:
+    from cachebuild.errors import CacheMismatchError, ManifestError
+
+    roots = _caches(tmp_path)
+    s = _stream(roots)
+    it = iter(s)
+    next(it)
+    state = s.state_dict()
+    del it, s  # its leases go with it
+    build(toy_source(), roots["b"], records=50, seed=6, shard_mb=0.02, progress=False, workers=1, append=True, keep=1)
+    fresh = _stream(roots)
+    with pytest.raises(ManifestError, match="generation 0 of the cache .*b is not on disk any more"):
+        fresh.load_state_dict(state)
+    bad = json.loads(json.dumps(state))
+    bad["mixture"]["caches"][1]["generation"] = "1"
+    with pytest.raises(ValueError, match="invalid generation for cache 'b': '1'"):
+        fresh.load_state_dict(bad)
+    with pytest.raises(CacheMismatchError, match="saved from a mixture of caches"):
+        ShardStream(roots["a"], view="records", batch_size=BATCH, seed=1).load_state_dict(state)
+    assert fresh.generations == (0, 1)
+    rows = _rows(fresh, list(fresh))  # a failed load changed nothing: the newest generations, b's old one pruned
+    _once(rows, [200])
+    assert sorted(i for c, i in rows if c == 1) == list(range(120, 170))
