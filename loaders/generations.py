@@ -23,6 +23,9 @@ follows:
 * remote caches (``http(s)://``, ``s3://``) stay at the generation they had
   when the stream opened them.
 
+A mixture of caches follows the same rules per cache (:mod:`loaders.mixgrow`,
+which builds on the functions here).
+
 Who decides: the main process, when a pass starts (direct iteration and
 :func:`loaders.make_loader`, which hands the generation to its workers with
 the epoch); under ``torch.distributed``, rank 0's main process, for every
@@ -52,7 +55,7 @@ from loaders.views import make_view
 if TYPE_CHECKING:
     from loaders.stream import ShardStream
 
-__all__ = ["open_newest", "open_generation", "use_generation", "refresh", "GenerationWarning"]
+__all__ = ["open_newest", "open_generation", "use_generation", "refresh", "bound_view", "newest_seen", "distributed", "GenerationWarning"]
 
 _RETRIES = 20
 
@@ -83,10 +86,11 @@ def open_newest(root: Any) -> tuple[Manifest, Lease]:
     raise ManifestError(f"{root}: its newest generation keeps being pruned while this stream opens it; use --keep 2 or more")
 
 
-def _bound(stream: "ShardStream", manifest: Manifest) -> tuple[Any, np.ndarray | None]:
-    """A view of ``stream``'s kind bound to ``manifest``'s records: (view, items per record)."""
+def bound_view(stream: "ShardStream", manifest: Manifest, probe: ShardSet | None = None) -> tuple[Any, np.ndarray | None]:
+    """A view of ``stream``'s kind bound to ``manifest``'s records: (view, items per record).
+    ``probe``: the shards to read the indexes of (default: ``manifest``'s under ``stream.root``; closed here)."""
     view = make_view(stream.config.view, manifest, stream.config.batch_size, **stream._view_options)
-    probe = ShardSet(manifest, stream.root, stream.verify)  # the view reads this generation's indexes only
+    probe = ShardSet(manifest, stream.root, stream.verify) if probe is None else probe  # this generation's indexes only
     try:
         items = view.bind(probe.field_shapes)
     finally:
@@ -109,7 +113,7 @@ def use_generation(stream: "ShardStream", generation: int, strict: bool = True, 
     manifest, lease = opened if opened is not None else open_generation(stream.root, generation)
     try:
         check_shard_files(manifest, stream.root)
-        view, items = _bound(stream, manifest)
+        view, items = bound_view(stream, manifest)
         spec = view.layout().spec()
     except BaseException:
         lease.close()
@@ -144,7 +148,7 @@ def _swap(stream: "ShardStream", generation: int, manifest: Manifest, view: Any,
         old_lease.close()  # after the new one is held: never a moment without a lease
 
 
-def _distributed(stream: "ShardStream") -> Any:
+def distributed(stream: "ShardStream") -> Any:
     """``torch.distributed`` when it gives this stream its world (initialised, 2+ ranks, no explicit world), else None."""
     if stream._rank is not None and stream._world_size is not None:
         return None
@@ -157,17 +161,23 @@ def _distributed(stream: "ShardStream") -> Any:
     return dist
 
 
-def _newest(stream: "ShardStream") -> int:
-    """The generation ``manifest.json`` holds, parsed again only when the file was replaced (a new inode:
-    appends commit by rename), so an epoch start costs one ``stat`` (a 500-shard manifest parses in ~20 ms)."""
-    st = os.stat(Path(stream.root) / MANIFEST_NAME)
+Seen = tuple[tuple[int, int, int], int]
+"""``manifest.json``'s (inode, mtime, size) when last parsed, and the generation it held."""
+
+
+def newest_seen(root: Any, seen: Seen | None) -> Seen:
+    """The generation ``manifest.json`` holds (with its stat key), parsed again only when the file was replaced
+    (a new inode: appends commit by rename), so an epoch start costs one ``stat`` (a 500-shard manifest parses in ~20 ms)."""
+    st = os.stat(Path(root) / MANIFEST_NAME)
     key = (st.st_ino, st.st_mtime_ns, st.st_size)
-    seen = stream._manifest_seen
     if seen is not None and seen[0] == key:
-        return seen[1]
-    newest = generation_of(read_manifest(stream.root))
-    stream._manifest_seen = (key, newest)
-    return newest
+        return seen
+    return key, generation_of(read_manifest(root))
+
+
+def _newest(stream: "ShardStream") -> int:
+    stream._manifest_seen = newest_seen(stream.root, stream._manifest_seen)
+    return stream._manifest_seen[1]
 
 
 def refresh(stream: "ShardStream") -> int:
@@ -177,9 +187,9 @@ def refresh(stream: "ShardStream") -> int:
     (one ``broadcast_object_list``; rank 0 holds its lease first), so all ranks
     plan the same epoch: every rank must start the epoch, as DDP does.
     """
-    if stream.remote is not None or stream.mixture is not None:  # a mixture reads its caches as opened (docs/mixtures.md)
+    if stream.remote is not None or stream.mixture is not None:  # a mixture: loaders.mixgrow.refresh_mixture
         return stream.generation
-    dist = _distributed(stream)
+    dist = distributed(stream)
     newest, opened = stream.generation, None
     if dist is None or dist.get_rank() == 0:
         newest = _newest(stream)

@@ -163,7 +163,9 @@ def loader_state(loader: DataLoader[Any]) -> dict[str, Any]:
     if yielded == 0:  # before a pass's first batch its workers may still be recording the pass
         stream._control.settle(loader.num_workers)
     epoch, start = stream._control.worker_epoch(), stream._control.worker_start()
-    return stream._stamp(make_state(epoch, start + yielded * ws, stream.config, stream.fingerprint, ws, yielded, stream._control.instructed_generation()))  # a mixture adds its caches
+    return stream._stamp(
+        make_state(epoch, start + yielded * ws, stream.config, stream.fingerprint, ws, yielded, stream._control.instructed_generation()[0])
+    )  # a mixture adds its caches (and their generations)
 
 
 def shutdown_workers(loader: Any) -> None:

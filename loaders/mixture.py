@@ -28,10 +28,16 @@ raised before anything is read or written. The loader state names every cache
 by its fingerprint (:func:`loaders.state.cache_fingerprint`) and the stages by
 their weights, so a state loads only into the same mixture
 (:class:`~cachebuild.errors.CacheMismatchError` naming what differs).
+
+Each local cache is read at a generation (a cache grows by appends) and
+leased, as one cache is: :mod:`loaders.mixgrow` moves every cache to its
+newest generation at each epoch start and rebuilds the union
+(:meth:`OpenMixture.moved`); the state records each cache's generation.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -45,7 +51,7 @@ from cachebuild.errors import CacheMismatchError, ConfigError
 from cachebuild.format.generations import Lease, generation_of
 from cachebuild.format.manifest import FieldSchema, Manifest, read_manifest
 from cachebuild.format.names import record_key
-from loaders.generations import open_generation
+from loaders.generations import open_newest
 from loaders.mixplan import mixture_order
 from loaders.plan import EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
@@ -195,32 +201,64 @@ def union_manifest(names: Sequence[str], manifests: Sequence[Manifest], label: s
 
 class OpenMixture:
     """A :class:`Mixture` with its caches' manifests read and checked: the union manifest, the
-    shards of a reading process, the plan of an epoch, and the mixture's part of the loader state."""
+    shards of a reading process, the plan of an epoch, and the mixture's part of the loader state.
+
+    Each local cache is opened at its newest generation with a lease held on it
+    (:attr:`leases`, :attr:`generations`); the manifests are checked for compatibility
+    before any lease is taken, so refused input writes nothing."""
 
     def __init__(self, spec: Mixture, remote: RemoteOptions | None = None):
         self.spec = spec
         self.names = spec.names
         self.roots = spec.roots
         self.remote = remote if remote is not None else (RemoteOptions() if any(is_remote(r) for r in self.roots) else None)
-        self.manifests = [self._read(r) for r in self.roots]
         self.label = "mixture(" + ", ".join(f"{n}={r}" for n, r in zip(self.names, self.roots)) + ")"
+        self.leases: list[Lease | None] = [None] * len(self.roots)  # per cache: the lease on the generation read (None: remote, or nothing to hold)
+        self.warned: set[tuple[int, int]] = set()  # (cache, generation) refused for its shapes (loaders.mixgrow), shared by moved copies
+        self.seen: dict[int, tuple[tuple[int, int, int], int]] = {}  # per cache: manifest.json's (inode, mtime, size) and generation
+        remotes = {c: fetch_manifest(r, self.remote or RemoteOptions()) for c, r in enumerate(self.roots) if is_remote(r)}
+        _check_compatible(self.names, [remotes[c] if c in remotes else read_manifest(local_path(r)) for c, r in enumerate(self.roots)])
+        try:  # compatible: now lease (lease files are the only thing a reader writes, never for refused input)
+            self._derive([remotes[c] if c in remotes else self._lease_newest(c, r) for c, r in enumerate(self.roots)])
+        except BaseException:
+            self.close()
+            raise
+
+    def _lease_newest(self, cache: int, root: str) -> Manifest:
+        """A local cache's newest generation, leased (the lease kept in :attr:`leases`)."""
+        manifest, lease = open_newest(local_path(root))
+        self.leases[cache] = lease
+        check_shard_files(manifest, local_path(root))
+        return manifest
+
+    def _derive(self, manifests: Sequence[Manifest]) -> None:
+        """Everything the caches' manifests decide: the union, sizes, offsets, fingerprints, generations."""
+        self.manifests = list(manifests)
         self.manifest = union_manifest(self.names, self.manifests, self.label)
         self.records = np.array([m.records for m in self.manifests], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.records)]).astype(np.int64)
         self.shard_counts = [np.array([s.records for s in m.shards], dtype=np.int64) for m in self.manifests]
         self.fingerprints = [cache_fingerprint(m) for m in self.manifests]
+        self.generations: tuple[int, ...] = tuple(generation_of(m) for m in self.manifests)
         self._check_nonempty()
-        # Checked and compatible: now hold each local cache's generation (a lease file in its folder), so
-        # --keep and prune leave what this mixture reads alone; it reads them as opened (docs/mixtures.md).
-        self.leases: list[Lease] = [open_generation(local_path(r), generation_of(m))[1] for r, m in zip(self.roots, self.manifests) if not is_remote(r)]
         self.fingerprint = hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()
 
-    def _read(self, root: str) -> Manifest:
-        if is_remote(root):
-            return fetch_manifest(root, self.remote or RemoteOptions())
-        manifest = read_manifest(local_path(root))
-        check_shard_files(manifest, local_path(root))
-        return manifest
+    def moved(self, manifests: Sequence[Manifest]) -> "OpenMixture":
+        """This mixture over other generations of its caches (``manifests``, one per cache), nothing opened;
+        it shares this one's leases list until the caller hands it its own (:mod:`loaders.mixgrow`)."""
+        other = copy.copy(self)
+        other.leases = list(self.leases)
+        other._derive(manifests)
+        return other
+
+    def is_remote(self, cache: int) -> bool:
+        return is_remote(self.roots[cache])
+
+    def close(self) -> None:
+        """Let go of every lease (a stream that is done with this mixture)."""
+        for lease in self.leases:
+            if lease is not None:
+                lease.close()
 
     def _check_nonempty(self) -> None:
         for i, s in enumerate(self.spec.stages):
@@ -264,27 +302,48 @@ class OpenMixture:
         return {"caches": [{"name": n, "fingerprint": f} for n, f in zip(self.names, self.fingerprints)], "stages": stages}
 
     def stamp(self, state: dict[str, Any]) -> dict[str, Any]:
-        """``state`` with the mixture's identity added (``state["mixture"]``)."""
-        state["mixture"] = self.identity()
+        """``state`` with the mixture's identity and each cache's generation added (``state["mixture"]``;
+        the single-cache ``"generation"`` key is dropped: a mixture's caches grow separately)."""
+        ident = self.identity()
+        for entry, g in zip(ident["caches"], self.generations):
+            entry["generation"] = int(g)
+        state.pop("generation", None)
+        state["mixture"] = ident
         return state
 
-    def check_state(self, state: Mapping[str, Any]) -> None:
-        """A :class:`CacheMismatchError` naming the cache or stage that differs when ``state`` was saved from another mixture."""
+    def saved_generations(self, state: Mapping[str, Any]) -> tuple[int, ...]:
+        """The generation of each cache ``state`` was saved on (a cache's current one where the state
+        names none: saved before mixtures followed growth); a :class:`CacheMismatchError` naming what
+        differs when it was saved from other caches, weights or schedule."""
         if not isinstance(state, Mapping) or state.get("format") != "cachebuild-loader-state":
-            return  # the generic check names what is wrong
+            return self.generations  # the generic check names what is wrong
         saved = state.get("mixture")
         if not isinstance(saved, Mapping):
             raise CacheMismatchError("loader state was saved from a single cache, this stream reads a mixture of caches " + ", ".join(self.names))
-        mine = self.identity()
-        theirs = [(c.get("name"), c.get("fingerprint")) for c in saved.get("caches", []) if isinstance(c, Mapping)]
-        now = [(c["name"], c["fingerprint"]) for c in mine["caches"]]
-        if [n for n, _ in theirs] != [n for n, _ in now]:
-            raise CacheMismatchError(f"loader state was saved from a mixture of caches {[n for n, _ in theirs]}, this stream mixes {[n for n, _ in now]}")
-        for (name, fp_saved), (_, fp_now), root in zip(theirs, now, self.roots):
+        entries = [c for c in saved.get("caches", []) if isinstance(c, Mapping)]
+        if [c.get("name") for c in entries] != self.names:
+            raise CacheMismatchError(f"loader state was saved from a mixture of caches {[c.get('name') for c in entries]}, this stream mixes {self.names}")
+        if saved.get("stages") != self.identity()["stages"]:
+            raise CacheMismatchError(f"loader state was saved with other weights or schedule (saved {saved.get('stages')}, now {self.identity()['stages']})")
+        out = []
+        for c, entry in enumerate(entries):
+            g = entry.get("generation", self.generations[c])
+            if not isinstance(g, int) or isinstance(g, bool) or g < 0:
+                raise ValueError(f"loader state has an invalid generation for cache {self.names[c]!r}: {g!r}")
+            out.append(g)
+        return tuple(out)
+
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """A :class:`CacheMismatchError` naming the cache or stage that differs when ``state`` was saved from
+        another mixture (call it once the stream reads the state's generations: fingerprints are per generation)."""
+        if not isinstance(state, Mapping) or state.get("format") != "cachebuild-loader-state":
+            return
+        self.saved_generations(state)  # names and stages
+        saved = cast(Mapping[str, Any], state["mixture"])
+        theirs = [c.get("fingerprint") for c in saved["caches"]]
+        for name, fp_saved, fp_now, root, g in zip(self.names, theirs, self.fingerprints, self.roots, self.generations):
             if fp_saved != fp_now:
-                raise CacheMismatchError(f"loader state was saved with another cache {name!r}: fingerprint {str(fp_saved)[:12]}..., now {root} is {fp_now[:12]}...")
-        if saved.get("stages") != mine["stages"]:
-            raise CacheMismatchError(f"loader state was saved with other weights or schedule (saved {saved.get('stages')}, now {mine['stages']})")
+                raise CacheMismatchError(f"loader state was saved with another cache {name!r}: fingerprint {str(fp_saved)[:12]}..., now {root} (generation {g}) is {fp_now[:12]}...")
 
 
 def open_mixture(root: Any, remote: RemoteOptions | None = None) -> OpenMixture | None:

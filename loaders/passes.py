@@ -33,7 +33,7 @@ Where the passes run decides who applies the rule:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -43,8 +43,10 @@ MAX_WORKERS = 256
 """DataLoader workers a stream can count passes for (one 32-byte slot each)."""
 
 # Head of the control block: the pass a loader hands its workers, then the main process's instruction.
-_VALID, _EPOCH, _START, _RANK, _WORLD, _GEN, _IEPOCH, _ISTART, _IEXACT, _PLAIN, _HGENERATION, _IGENERATION = range(12)
-# (_HGENERATION, _IGENERATION: the cache generation of the handed pass and of the instruction, see loaders.generations)
+_VALID, _EPOCH, _START, _RANK, _WORLD, _GEN, _IEPOCH, _ISTART, _IEXACT, _PLAIN = range(10)
+# Rows of the generations block: the cache generations of the handed pass and of the instruction
+# (one per cache: a mixture's caches grow separately, see loaders.generations and loaders.mixgrow).
+_HANDED, _INSTRUCTED = 0, 1
 _HEAD = 16
 # Per-worker slot: instruction generation obeyed, epoch and start of its last pass, passes begun.
 _W_SEEN, _W_EPOCH, _W_START, _W_PASSES, _W_SLOT = 0, 1, 2, 3, 4
@@ -102,27 +104,28 @@ class Control:
     persistent or not, all read and write the same memory.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, caches: int = 1) -> None:
         self.block = torch.zeros(_HEAD + MAX_WORKERS * _W_SLOT, dtype=torch.int64).share_memory_()
+        self.generations = torch.zeros(2, max(1, caches), dtype=torch.int64).share_memory_()
         self.block[_GEN] = 1  # instruction 1 (no worker obeyed it yet): the first pass runs epoch 0 from 0
 
     # ---- a loader's pass (make_loader): the main process decided it
     def hand_pass(self, epoch: int, start: int, rank: int, world_size: int) -> None:
         self.block[:_GEN] = torch.tensor([1, epoch, start, rank, world_size])
 
-    def hand_generation(self, generation: int) -> None:
-        """The cache generation the handed pass reads (before :meth:`hand_pass`)."""
-        self.block[_HGENERATION] = generation
+    def hand_generation(self, generations: Sequence[int]) -> None:
+        """The cache generations (one per cache) the handed pass reads (before :meth:`hand_pass`)."""
+        self.generations[_HANDED] = torch.tensor(list(generations), dtype=torch.int64)
 
-    def handed_generation(self) -> int:
-        return int(self.block[_HGENERATION])
+    def handed_generation(self) -> tuple[int, ...]:
+        return tuple(int(g) for g in self.generations[_HANDED].tolist())
 
-    def instruct_generation(self, generation: int) -> None:
-        """The cache generation the workers of other DataLoaders read from their next pass on."""
-        self.block[_IGENERATION] = generation
+    def instruct_generation(self, generations: Sequence[int]) -> None:
+        """The cache generations (one per cache) the workers of other DataLoaders read from their next pass on."""
+        self.generations[_INSTRUCTED] = torch.tensor(list(generations), dtype=torch.int64)
 
-    def instructed_generation(self) -> int:
-        return int(self.block[_IGENERATION])
+    def instructed_generation(self) -> tuple[int, ...]:
+        return tuple(int(g) for g in self.generations[_INSTRUCTED].tolist())
 
     def handed_pass(self) -> tuple[int, int, int, int] | None:
         valid, epoch, start, rank, ws = self.block[:_GEN].tolist()

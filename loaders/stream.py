@@ -38,14 +38,15 @@ from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.generations import Lease, generation_of
 from cachebuild.format.reader import ShardSet, check_shard_files, local_path
 from loaders.batch import Batch, Layout, PackedBatch
-from loaders.generations import open_newest, refresh, use_generation
+from loaders.generations import open_newest
+from loaders.mixgrow import load_generations, refresh_generations, stream_generations, use_generations
 from loaders.mixture import Mixture, OpenMixture, open_mixture
 from loaders.passes import Control, Progress
 from loaders.plan import DEFAULT_WINDOW, EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
 from loaders.shards import RemoteFiles
 from loaders.slots import SlotRings
-from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state, state_generation
+from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state
 from loaders.views import make_view
 from loaders.shard_window import batch_shards, check_rank, shard_schedule
 from loaders.world import World, detect_ranks, worker_part
@@ -115,7 +116,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 shards or None, got {window}")
         self._open_root(root, remote)
-        self.generation = generation_of(self.manifest)
+        self.generation = generation_of(self.manifest)  # one cache's; a mixture's caches: self.generations
         self._view_options = dict(view_options)
         self._warned_generations: set[int] = set()
         self._manifest_seen: tuple[tuple[int, int, int], int] | None = None  # manifest.json's (inode, mtime, size) and generation
@@ -135,14 +136,14 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._rank, self._world_size = rank, world_size
         self._decode_threads = decode_threads
         self._progress = Progress()
-        self._control = Control()
-        self._control.instruct_generation(self.generation)
+        self._control = Control(len(self.generations))
+        self._control.instruct_generation(self.generations)
         self._worker_load: tuple[Any, ...] | None = None  # a state loaded inside a worker (torchdata): epoch, start, yielded, rank, world
         self._worker_pass: list[int] | None = None  # this worker's pass: epoch, start, worker, workers, rank, world, yielded
         self._emit_packed = False  # set on the copy a loader drives (see for_loader)
         self._reader: ShardSet | None = None
         self._reader_pid = -1
-        self._plan_cache: tuple[tuple[int, int], EpochPlan] | None = None
+        self._plan_cache: tuple[tuple[tuple[int, ...], int], EpochPlan] | None = None
         self.slot_rings: SlotRings | None = None  # set by a loader with workers (see loaders.slots)
 
     # ---- pickling (DataLoader workers): no open files, no cached plan
@@ -153,7 +154,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self.root: Path | str
         self._lease: Lease | None = None  # on the generation read (a growing cache, loaders.generations)
         self.mixture: OpenMixture | None = open_mixture(root, remote)
-        if self.mixture is not None:  # several caches read as one (loaders.mixture); not re-read per generation
+        if self.mixture is not None:  # several caches read as one (loaders.mixture), each growing (loaders.mixgrow)
             self.root, self.manifest, self.remote = self.mixture.label, self.mixture.manifest, self.mixture.remote
         elif is_remote(root):
             self.root = str(root).rstrip("/")
@@ -173,14 +174,19 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """The plan of ``epoch`` (default: the current one), cached for the last epoch asked."""
         epoch = self._progress.epoch if epoch is None else epoch
-        if self._plan_cache is None or self._plan_cache[0] != (self.generation, epoch):
+        if self._plan_cache is None or self._plan_cache[0] != (self.generations, epoch):
             c = self.config
             if self.mixture is not None:
                 plan = self.mixture.plan(epoch, self.items_per_record, c, self.view.mix, self.view.chunk)
             else:
                 plan = EpochPlan.build(self._counts, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.window, c.drop_last, self.view.mix, self.view.chunk)
-            self._plan_cache = ((self.generation, epoch), plan)
+            self._plan_cache = ((self.generations, epoch), plan)
         return self._plan_cache[1]
+
+    @property
+    def generations(self) -> tuple[int, ...]:
+        """The generation each cache is read at (one cache: ``(generation,)``; see :mod:`loaders.mixgrow`)."""
+        return stream_generations(self)
 
     def world(self) -> World:
         """Rank and world size as they are now (explicit arguments, else torch.distributed)."""
@@ -211,8 +217,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         p = self._progress
         p.set_epoch(int(epoch))
         if p.next_pass()[1] == 0:  # a fresh epoch reads the newest generation (loaders.generations)
-            refresh(self)
-        self._control.instruct_generation(self.generation)
+            refresh_generations(self)
+        self._control.instruct_generation(self.generations)
         self._control.instruct(*p.next_pass(), exact=True)
 
     def state_dict(self) -> dict[str, Any]:
@@ -238,9 +244,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         Inside a DataLoader worker (torchdata), a state this worker saved: its next
         pass continues its own share of the batches.
         """
-        if self.mixture is not None:
-            self.mixture.check_state(state)  # names the cache or stage that differs
-        use_generation(self, state_generation(state))  # that generation's shard list, even when newer ones exist
+        load_generations(self, state)  # the saved generations' shard lists, even when newer ones exist
         epoch, position = check_state(state, self.config, self.fingerprint)
         if get_worker_info() is not None:
             w = state["worker"] if isinstance(state.get("worker"), Mapping) else {}
@@ -249,7 +253,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if "worker" in state:
             raise ValueError("this loader state was saved inside a DataLoader worker (torchdata); load it through the same StatefulDataLoader")
         self._progress.load(epoch, position, int(state.get("batches", 0)))
-        self._control.instruct_generation(self.generation)
+        self._control.instruct_generation(self.generations)
         self._control.instruct(epoch, position, exact=False)
 
     def _worker_state(self) -> dict[str, Any]:
@@ -279,8 +283,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         world = self.world()
         start = self._progress.begin(world.world_size, self._finished(world.world_size))
         if start == 0:
-            refresh(self)
-        self._control.hand_generation(self.generation)
+            refresh_generations(self)
+        self._control.hand_generation(self.generations)
         self._control.hand_pass(self._progress.epoch, start, world.rank, world.world_size)
         return world
 
@@ -293,14 +297,14 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             if handed is None:
                 raise RuntimeError("ShardStream.for_loader() copy iterated without begin_pass(); use loaders.make_loader")
             epoch, start, rank, ws = handed
-            use_generation(self, self._control.handed_generation())
+            use_generations(self, self._control.handed_generation())
         elif in_worker:  # another DataLoader's worker: it applies the epoch rule itself
             rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
             load, self._worker_load = self._worker_load, None
             if load is not None and tuple(load[3:]) != (rank, ws):
                 raise ValueError(f"loader state was saved by a worker of rank {load[3]} of {load[4]}, loaded in rank {rank} of {ws}: resume with the same world")
             if load is None:  # (a loaded state already switched to its generation)
-                use_generation(self, self._control.instructed_generation())
+                use_generations(self, self._control.instructed_generation())
             epoch, start = self._control.worker_pass(wid, self._finished(ws), load[:2] if load else None)
             skip = load[2] if load else 0
             self._worker_pass = [epoch, start, wid, nw, rank, ws, skip]
@@ -309,7 +313,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             rank, ws = world.rank, world.world_size
             start, count = self._progress.begin(ws, self._finished(ws)), True
             if start == 0:
-                refresh(self)
+                refresh_generations(self)
             epoch = self._progress.epoch
         world = World(rank, ws, wid, nw)
         plan = self.plan(epoch)
@@ -370,5 +374,5 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         c = self.config
         return (
             f"ShardStream({str(self.root)!r}, view={c.view!r}, batch_size={c.batch_size}, shuffle={c.shuffle}, "
-            f"seed={c.seed}, window={c.window}, drop_last={c.drop_last}, records={self.manifest.records}, generation={self.generation})"
+            f"seed={c.seed}, window={c.window}, drop_last={c.drop_last}, records={self.manifest.records}, generations={self.generations})"
         )

@@ -101,3 +101,44 @@ def ddp_grow_rank(rank: int, world: int, port: int, root: str, out_dir: str) -> 
         if dist.is_initialized():
             dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def ddp_mixture_grow_rank(rank: int, world: int, port: int, roots: dict, out_dir: str) -> None:
+    """One gloo rank reading a mixture of two caches; rank 1 grows cache ``a`` just before epoch 1.
+
+    Writes ``out_dir/rank{r}.json``: per epoch, the caches' generations and the (cache, ident) of every real row.
+    """
+    import datetime
+    import json
+    import time
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    from cachebuild import build
+    from loaders import Mixture, ShardStream, make_loader
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    result: dict = {"epochs": []}
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+        stream = ShardStream(Mixture(roots), view="records", batch_size=16, seed=1)
+        loader = make_loader(stream, num_workers=0)
+        for epoch in range(3):
+            if rank == 1 and epoch == 1:
+                time.sleep(1.0)  # rank 0 has (most likely) read the manifests and waits in the broadcast
+                build(toy_source(), roots["a"], records=40, seed=5, shard_mb=0.02, progress=False, workers=1, append=True)
+            rows: list = []
+            for batch in loader:
+                real = ~batch["is_pad"]
+                rows += [[int(c), int(i)] for c, i in zip(stream.mixture.cache_of(batch["record_id"][real].numpy()), batch["ident"][real].tolist())]
+                dist.all_reduce(torch.ones(1))  # a rank with fewer steps would hang here
+            result["epochs"].append({"generations": list(stream.generations), "rows": rows})
+        dist.barrier()
+    except Exception:
+        result["error"] = traceback.format_exc()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
