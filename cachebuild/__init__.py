@@ -7,9 +7,8 @@ Public builder API (see the README's "Your own data")::
     summary = build(source, "cache/mine", records=100_000)
 """
 
-__version__ = "0.1.0"
-
-from cachebuild.api import build  # noqa: E402  (after __version__, which modules import)
+from cachebuild._version import __version__
+from cachebuild.api import build
 from cachebuild.builder.builder import BuildOptions, BuildSummary
 from cachebuild.builder.entry import build_cache
 from cachebuild.builder.plan import block_rng

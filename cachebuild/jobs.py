@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cachebuild.builder import BuildOptions, BuildSummary, build_cache
-from cachebuild.errors import ConfigError, SourceError
+from cachebuild.errors import ConfigError
+from cachebuild.builder.mel_source import mel_source_from
 from cachebuild.recipes import Recipe, load_recipe
 
-__all__ = ["run_causal_build", "run_mel_build", "mel_source_from", "DEFAULT_GRAPHS"]
+__all__ = ["run_causal_build", "run_mel_build", "DEFAULT_GRAPHS"]
 
 DEFAULT_GRAPHS = 10_000
 
@@ -92,39 +93,3 @@ def run_mel_build(
     source = mel_source_from(recipe, from_h5, from_wav, synthetic, h5_datasets)
     opts = _options(recipe, out, len(source.source), workers, backend, address, overwrite, progress)
     return build_cache(source, opts, unit="files")
-
-
-def mel_source_from(
-    recipe: Recipe,
-    from_h5: str | Path | None = None,
-    from_wav: str | Path | None = None,
-    synthetic: int | None = None,
-    h5_datasets: Mapping[str, str] | None = None,
-) -> Any:
-    """The mel build source of a parsed recipe and exactly one input (HDF5 file, WAV folder or N synthetic clips)."""
-    from cachebuild.builder.mel_source import MelBuildSource
-    from cachebuild.checks import MAX_RECORDS, whole
-    from cachebuild.errors import ConfigError
-    from cachebuild.mel.config import parse_mel_config
-    from cachebuild.mel.sources import H5Source, SyntheticSource, WavFolderSource
-
-    given = [name for name, v in (("--from-h5", from_h5), ("--from-wav", from_wav), ("--synthetic", synthetic)) if v is not None]
-    if len(given) != 1:
-        raise ConfigError(
-            f"give exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N with `cachebuild mel`, or a [source] table "
-            f'(h5 = "FILE", wav = "DIR" or synthetic = N) in a recipe for `cachebuild build` (got {", ".join(given) or "none"})'
-        )
-    cfg = parse_mel_config(recipe.table)
-    source: H5Source | WavFolderSource | SyntheticSource
-    if from_h5 is not None:
-        source = H5Source(from_h5, cfg, dict(h5_datasets) if h5_datasets else None)
-    elif from_wav is not None:
-        source = WavFolderSource(from_wav, cfg)
-    else:
-        assert synthetic is not None  # exactly one source is given
-        whole("--synthetic", synthetic, 1, MAX_RECORDS)
-        source = SyntheticSource(synthetic, cfg, recipe.seed)
-    if len(source) == 0:
-        raise SourceError(f"the source has no usable audio files: {source.describe().get('path')}")
-    # source.cfg describes the records: for stored HDF5 mels, the file's parameters
-    return MelBuildSource(source.cfg, source)

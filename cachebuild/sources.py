@@ -49,7 +49,7 @@ def _make_causal(recipe: Recipe) -> "tuple[RecordSource, int | None]":
 
 
 def _make_mel(recipe: Recipe) -> "tuple[RecordSource, int | None]":
-    from cachebuild.jobs import mel_source_from
+    from cachebuild.builder.mel_source import mel_source_from
 
     spec = recipe.table.get("source", {})
     if not isinstance(spec, dict):

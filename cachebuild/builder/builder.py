@@ -345,7 +345,7 @@ def _load_index(out: Output, name: str) -> np.ndarray:
 
 
 def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output, shards: list[ShardEntry], fingerprint: str, per_shard: int) -> None:
-    from cachebuild import __version__
+    from cachebuild._version import __version__
 
     fields = list(source.fields())
     indexes = [_load_index(out, s.index) for s in shards]

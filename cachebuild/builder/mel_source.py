@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping
 
+from cachebuild.errors import ConfigError, SourceError
 from cachebuild.mel.config import MelConfig
 from cachebuild.mel.sources import estimated_record_bytes, record_fields
 
-__all__ = ["MelBuildSource", "MEL_BLOCK_FILES"]
+if TYPE_CHECKING:
+    from cachebuild.recipes import Recipe
+
+__all__ = ["MelBuildSource", "MEL_BLOCK_FILES", "mel_source_from"]
 
 # Files per source.records() call: large enough for the vectorised log-mel to
 # reach full speed, small enough to keep worker memory low.
@@ -40,3 +45,37 @@ class MelBuildSource:
     def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
         for a in range(start, stop, MEL_BLOCK_FILES):
             yield self.source.records(a, min(a + MEL_BLOCK_FILES, stop))
+
+
+def mel_source_from(
+    recipe: Recipe,
+    from_h5: str | Path | None = None,
+    from_wav: str | Path | None = None,
+    synthetic: int | None = None,
+    h5_datasets: Mapping[str, str] | None = None,
+) -> Any:
+    """The mel build source of a parsed recipe and exactly one input (HDF5 file, WAV folder or N synthetic clips)."""
+    from cachebuild.checks import MAX_RECORDS, whole
+    from cachebuild.mel.config import parse_mel_config
+    from cachebuild.mel.sources import H5Source, SyntheticSource, WavFolderSource
+
+    given = [name for name, v in (("--from-h5", from_h5), ("--from-wav", from_wav), ("--synthetic", synthetic)) if v is not None]
+    if len(given) != 1:
+        raise ConfigError(
+            f"give exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N with `cachebuild mel`, or a [source] table "
+            f'(h5 = "FILE", wav = "DIR" or synthetic = N) in a recipe for `cachebuild build` (got {", ".join(given) or "none"})'
+        )
+    cfg = parse_mel_config(recipe.table)
+    source: H5Source | WavFolderSource | SyntheticSource
+    if from_h5 is not None:
+        source = H5Source(from_h5, cfg, dict(h5_datasets) if h5_datasets else None)
+    elif from_wav is not None:
+        source = WavFolderSource(from_wav, cfg)
+    else:
+        assert synthetic is not None  # exactly one source is given
+        whole("--synthetic", synthetic, 1, MAX_RECORDS)
+        source = SyntheticSource(synthetic, cfg, recipe.seed)
+    if len(source) == 0:
+        raise SourceError(f"the source has no usable audio files: {source.describe().get('path')}")
+    # source.cfg describes the records: for stored HDF5 mels, the file's parameters
+    return MelBuildSource(source.cfg, source)

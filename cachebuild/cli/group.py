@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 import click
 
-from cachebuild import __version__
+from cachebuild._version import __version__
 from cachebuild.cli.errors import fail
 
 __all__ = ["Group", "main"]
