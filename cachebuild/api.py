@@ -16,6 +16,7 @@ from cachebuild.builder.source import RecordSource
 from cachebuild.config_file import apply_overrides, load_toml
 from cachebuild.errors import ConfigError
 from cachebuild.format.codec import parse_codec
+from cachebuild.jobs import recipe_options
 from cachebuild.recipes import parse_recipe
 from cachebuild.sources import DEFAULT_KIND, SourceKind, resolve_kind
 
@@ -55,20 +56,7 @@ def build_recipe(
     total = count if count is not None else (parsed.count or kind.default_count)
     if total is None:
         raise ConfigError(f"recipe kind {kind.name!r} needs a record count: set '{kind.count_key} = N' in the recipe or pass --records N")
-    opts = BuildOptions(
-        out=out,
-        records=total,
-        seed=parsed.seed,
-        codec=parsed.codec,
-        shard_bytes=parsed.shard_bytes,
-        workers=workers or parsed.workers,
-        backend=backend,
-        address=address,
-        overwrite=overwrite,
-        progress=progress,
-        append=append,
-        keep=keep,
-    )
+    opts = recipe_options(parsed, out, total, workers, backend, address, overwrite, progress, append, keep)
     return build_cache(source, opts, unit=kind.unit), kind.unit
 
 

@@ -10,7 +10,7 @@ from cachebuild.errors import ConfigError
 from cachebuild.builder.mel_source import mel_source_from
 from cachebuild.recipes import Recipe, load_recipe
 
-__all__ = ["run_causal_build", "run_mel_build", "DEFAULT_GRAPHS"]
+__all__ = ["run_causal_build", "run_mel_build", "recipe_options", "DEFAULT_GRAPHS"]
 
 DEFAULT_GRAPHS = 10_000
 
@@ -19,10 +19,10 @@ DEFAULT_GRAPHS = 10_000
 MEL_DEFAULT_CODEC = "none"
 
 
-def _options(
+def recipe_options(
     recipe: Recipe, out: str | Path, records: int, workers: int | None, backend: str, address: str | None, overwrite: bool, progress: bool, append: bool = False, keep: int | None = None
 ) -> BuildOptions:
-    """Build options from a parsed recipe plus the command line's run settings."""
+    """Build options from a parsed recipe plus the run settings (command line or ``cachebuild.build``)."""
     return BuildOptions(
         out=out,
         records=records,
@@ -68,7 +68,7 @@ def run_causal_build(
     recipe = load_recipe(config_path, overrides, values, count_key="graphs")
     _check_kind(recipe, "causal", config_path, "generate")
     source, _ = KINDS["causal"].make(recipe)  # the same maker as `cachebuild build` with kind = "causal"
-    opts = _options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress, append, keep)
+    opts = recipe_options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress, append, keep)
     return build_cache(source, opts, unit="graphs")
 
 
@@ -91,5 +91,5 @@ def run_mel_build(
     recipe = load_recipe(config_path, overrides, values, count_key="files", default_codec=MEL_DEFAULT_CODEC)
     _check_kind(recipe, "mel", config_path, "mel")
     source = mel_source_from(recipe, from_h5, from_wav, synthetic, h5_datasets)
-    opts = _options(recipe, out, len(source.source), workers, backend, address, overwrite, progress)
+    opts = recipe_options(recipe, out, len(source.source), workers, backend, address, overwrite, progress)
     return build_cache(source, opts, unit="files")

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.builder.backends import run_jobs
-from cachebuild.builder.builder import BuildOptions, BuildSummary, _build_shard, _fingerprint_doc, _index_of, _progress, records_per_shard
+from cachebuild.builder.builder import BuildOptions, BuildSummary, _build_shard, finished_shards, _fingerprint_doc, _index_of, _progress, records_per_shard
 from cachebuild.builder.generation_manifest import APPEND_RECORD, commit_generation, generation_table
 from cachebuild.builder.lock import build_lock
-from cachebuild.builder.markers import BUILD_RECORD, read_json, read_valid_done, write_json
+from cachebuild.builder.markers import BUILD_RECORD, read_json, write_json
 from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
 from cachebuild.builder.output import LocalOutput, open_output
 from cachebuild.builder.plan import ShardSpec, plan_shards
@@ -117,11 +117,7 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
     doc = {**base_doc, "generation": generation, "generation_seed": seed, "first_shard": plan[0].index, "first_record": plan[0].start}
     fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
     _start(out, manifest, doc, fingerprint, opts.sync)
-    done: dict[int, ShardEntry] = {}
-    for spec in plan:
-        shard = read_valid_done(out, spec.name, fingerprint, deep=True)
-        if shard is not None:
-            done[spec.index] = shard
+    done: dict[int, ShardEntry] = finished_shards(out, plan, fingerprint, deep=True)
     todo = [spec for spec in plan if spec.index not in done]
     skipped = len(done)
     bar = _progress(opts.records, unit, opts.progress)

@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -257,6 +257,16 @@ def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, 
     return shard
 
 
+def finished_shards(out: Output, plan: Sequence[ShardSpec], fingerprint: str, deep: bool) -> dict[int, ShardEntry]:
+    """The shards of ``plan`` already built for this ``fingerprint`` (a valid done marker; ``deep``: files re-hashed)."""
+    done: dict[int, ShardEntry] = {}
+    for spec in plan:
+        shard = read_valid_done(out, spec.name, fingerprint, deep=deep)
+        if shard is not None:
+            done[spec.index] = shard
+    return done
+
+
 def _progress(total: int, unit: str, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
@@ -295,11 +305,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     out.write_json(BUILD_RECORD, {"fingerprint": fingerprint, "doc": doc, "kind": source.kind, "records": opts.records, "records_per_shard": per_shard}, opts.sync)
 
     deep = isinstance(out, LocalOutput)
-    done: dict[int, ShardEntry] = {}
-    for spec in plan:
-        shard = read_valid_done(out, spec.name, fingerprint, deep=deep)
-        if shard is not None:
-            done[spec.index] = shard
+    done = finished_shards(out, plan, fingerprint, deep)
     todo = [spec for spec in plan if spec.index not in done]
     for spec in todo:
         out.remove(done_name(spec.name))
