@@ -16,6 +16,7 @@ from cachebuild.builder.source import RecordSource
 from cachebuild.config_file import apply_overrides, load_toml
 from cachebuild.errors import ConfigError
 from cachebuild.format.codec import parse_codec
+from cachebuild.format.packing import DEFAULT_PACK
 from cachebuild.jobs import recipe_options
 from cachebuild.recipes import parse_recipe
 from cachebuild.sources import DEFAULT_KIND, SourceKind, resolve_kind
@@ -73,6 +74,7 @@ def build(
     overrides: Iterable[str] = (),
     codec: str = "zstd",
     level: int | None = None,
+    pack: int = DEFAULT_PACK,
     shard_mb: float = 256,
     address: str | None = None,
     append: bool = False,
@@ -81,7 +83,8 @@ def build(
     """Build (or resume, or confirm) a cache at ``out`` and return its :class:`BuildSummary`.
 
     ``what`` is a :class:`RecordSource` (then ``records`` is required and
-    ``seed``, ``codec``, ``level``, ``shard_mb`` apply), or a recipe: a TOML
+    ``seed``, ``codec``, ``level``, ``pack`` (records per tar member, see
+    :mod:`cachebuild.format.packing`), ``shard_mb`` apply), or a recipe: a TOML
     path or a dict, whose ``kind`` picks the source and whose ``[build]``
     table sets codec and shard size (``overrides`` are ``"key=value"`` strings
     as with ``--set``). Same inputs give byte-identical shards for any
@@ -99,7 +102,7 @@ def build(
             out=out,
             records=records,
             seed=0 if seed is None else seed,
-            codec=parse_codec(codec, level),
+            codec=parse_codec(codec, level, ("codec", "level", "pack"), pack),
             shard_bytes=int(shard_mb * (1 << 20)),
             workers=workers,
             backend=backend,

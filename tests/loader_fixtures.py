@@ -62,13 +62,33 @@ class Reference:
         return self._members[s]
 
     def record(self, rid: int) -> dict[str, Any]:
-        members = self._shard(self.shard_of(rid))
+        """Record ``rid`` from its members: in a packed shard, the group's member (all its zstd
+        frames, as ``zstd -d`` reads them), one line of JSON Lines, one row of a stacked array,
+        or a ragged record's slice of the flat array (the shapes from the ``.idx.npy``, read with ``np.load``)."""
+        s = self.shard_of(rid)
+        members, entry = self._shard(s), self.manifest.shards[s]
         zst = self.manifest.codec.name == "zstd"
+        local = rid - entry.first_record
+        key, i = entry.first_record + local // entry.pack * entry.pack, local % entry.pack
+        rows = np.load(self.root / entry.index)[key - entry.first_record :][: entry.pack]
         out: dict[str, Any] = {}
-        for f in self.manifest.fields:
-            name = f"{rid:010d}.{f.name}" + ("" if f.dtype == "json" else ".npy") + (".zst" if zst else "")
-            data = zstandard.ZstdDecompressor().decompress(members[name]) if zst else members[name]
-            out[f.name] = json.loads(data) if f.dtype == "json" else np.load(io.BytesIO(data), allow_pickle=False)
+        for j, f in enumerate(self.manifest.fields):
+            packed_json = ".jsonl" if entry.pack > 1 else ""
+            name = f"{key:010d}.{f.name}" + (packed_json if f.dtype == "json" else ".npy") + (".zst" if zst else "")
+            data = zstandard.ZstdDecompressor().stream_reader(members[name], read_across_frames=True).read() if zst else members[name]
+            if f.dtype == "json":
+                out[f.name] = json.loads(data.split(b"\n")[i])
+                continue
+            arr = np.load(io.BytesIO(data), allow_pickle=False)
+            if entry.pack == 1:
+                out[f.name] = arr
+                continue
+            shapes = rows["shape"][:, j, : f.ndim]
+            if arr.shape == (len(rows), *shapes[i]):
+                out[f.name] = arr[i]
+            else:
+                sizes = np.prod(shapes, axis=1)
+                out[f.name] = arr[int(sizes[:i].sum()) : int(sizes[: i + 1].sum())].reshape(shapes[i])
         return out
 
     def shard_of(self, rid: int) -> int:

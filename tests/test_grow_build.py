@@ -34,6 +34,15 @@ def _idents(root: Path) -> list[int]:
         return [int(v) for v in read_block(shards, np.arange(m.records), ["ident"])["ident"].dense().reshape(-1)]
 
 
+def test_append_to_an_unpacked_cache_is_version_2(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    _toy(root, pack=1)
+    _toy(root, records=120, append=True)  # (default pack: the cache's own, 1, is kept)
+    m = read_manifest(root)
+    assert generation_of(m) == 1 and m.version == 2 and {s.pack for s in m.shards} == {1}
+    assert _idents(root) == list(range(320)) and verify_cache(root).ok
+
+
 def test_append_adds_a_generation_and_touches_nothing_there(tmp_path: Path) -> None:
     root = tmp_path / "c"
     _toy(root)
@@ -44,7 +53,7 @@ def test_append_adds_a_generation_and_touches_nothing_there(tmp_path: Path) -> N
     after = shard_files(root)
     assert {k: after[k] for k in before} == before, "an append changed an existing shard"
     m = read_manifest(root)
-    assert generation_of(m) == 1 and m.records == 320 and m.version == 2
+    assert generation_of(m) == 1 and m.records == 320 and m.version == 3  # (3: its shards pack records; 2 for pack=1)
     assert _idents(root) == list(range(320))  # record ids continue the cache's
     assert snapshot_path(root, 0).read_bytes() == old_manifest  # generation 0 as it was committed
     assert read_generation(root, 0).records == 200 and read_generation(root, 1).records == 320
@@ -238,7 +247,7 @@ def test_prune_discards_an_unfinished_append(tmp_path: Path) -> None:
 
 def test_old_caches_read_as_generation_zero(tmp_path: Path) -> None:
     root = tmp_path / "c"
-    _toy(root)
+    _toy(root, pack=1)  # the layout of format version 1
     m = read_manifest(root)
     assert "generation" not in m.build and m.version == 1 and generation_of(m) == 0
     assert read_generation(root, 0).records == 200

@@ -26,6 +26,8 @@ touching a byte of what is there:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import hashlib
 import json
 import os
@@ -109,6 +111,7 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
     manifest = read_manifest(out.path)
     if manifest.kind != source.kind:
         raise CacheMismatchError(f"{out.path} holds a cache of kind {manifest.kind!r}, this recipe builds {source.kind!r}; an append must use the cache's own recipe")
+    opts = replace(opts, codec=replace(opts.codec, pack=manifest.codec.pack))  # a generation packs its records as the cache does
     base_doc = _fingerprint_doc(source, opts, per_shard)
     _check_recipe(manifest, base_doc, str(out.path))
     generation = generation_of(manifest) + 1

@@ -9,7 +9,7 @@ validates every field already, and the precise diagnosis runs only on failure.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec
 from cachebuild.builder.source import RecordSource
@@ -70,6 +70,7 @@ def fill_shard(writer: ShardWriter, source: RecordSource, seed: int, spec: Shard
         except Exception as exc:
             raise source_error(source, spec.index, spec.start + writer.records, f"raised {type(exc).__name__}: {exc}") from exc
         _add_block(writer, source, spec, fields, block)
+    _write(writer, source, spec, fields, [], writer.flush_pending)
     if writer.records != spec.records:
         raise source_error(source, spec.index, spec.start + writer.records, f"missing: the source made {writer.records} records, the plan asked for {spec.records}")
 
@@ -82,16 +83,25 @@ def _add_block(writer: ShardWriter, source: RecordSource, spec: ShardSpec, field
     if start + len(block) > spec.stop:
         rid = max(start, spec.stop)
         raise source_error(source, spec.index, rid, f"is beyond the shard: the plan asked for records [{spec.start}, {spec.stop})")
+    _write(writer, source, spec, fields, block, lambda: writer.add_block(block))
+
+
+def _write(writer: ShardWriter, source: RecordSource, spec: ShardSpec, fields: list[tuple[str, str]], block: list[Any], call: Callable[[], None]) -> None:
+    """Run ``call`` (which writes ``block`` after the records the writer holds back), or raise a
+    SourceError naming the first bad record among those."""
+    held = writer.pending
+    first = spec.start + writer.records - len(held)  # record id of held[0] (or of block[0])
     try:
-        writer.add_block(block)
+        call()
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        bad = next((i for i, r in enumerate(block) if record_problem(r, fields)), None)
+        tried = [*held, *block]
+        bad = next((i for i, r in enumerate(tried) if record_problem(r, fields)), None)
         if bad is None:
-            bad = getattr(exc, "record", 0)
+            rid = spec.start + getattr(exc, "record", writer.records - spec.start)
             detail = f"cannot be written: {type(exc).__name__}: {exc}"
         else:
-            detail = record_problem(block[bad], fields)
-        raise source_error(source, spec.index, start + bad, detail) from exc
+            rid, detail = first + bad, record_problem(tried[bad], fields)
+        raise source_error(source, spec.index, rid, detail) from exc
 
 
 def probe_source(source: RecordSource, seed: int, spec: ShardSpec) -> None:

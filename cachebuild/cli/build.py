@@ -42,6 +42,7 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @_workers_option
 @click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec: zstd, or none (raw, for tmpfs) [default: zstd].")
 @click.option("--level", type=int, default=None, help="zstd level [default: 1: as small as level 3 on causal data, faster].")
+@click.option("--pack", type=int, default=None, metavar="N", help="Records per tar member (build.pack) [default: 64; 1: one member per record and field, the layout of format v1].")
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--family", type=click.Choice(FAMILIES), default=None, help="Graph family (graph.family).")
 @click.option("--n-min", type=int, default=None, help="Smallest graph size (graph.n_min).")
@@ -77,7 +78,7 @@ def generate_command(**o: Any) -> None:
     from cachebuild.jobs import run_causal_build
 
     _check_cluster_flags(o["backend"], scheduler=o["scheduler"], address=o["address"])
-    keys = {"seed": "seed", "graphs": "graphs", "codec": "build.codec", "level": "build.level", "shard_mb": "build.shard_mb", "family": "graph.family", "n_min": "graph.n_min", "n_max": "graph.n_max",
+    keys = {"seed": "seed", "graphs": "graphs", "codec": "build.codec", "level": "build.level", "pack": "build.pack", "shard_mb": "build.shard_mb", "family": "graph.family", "n_min": "graph.n_min", "n_max": "graph.n_max",
             "edge_prob": "graph.edge_prob", "mechanism": "mechanism.kind", "noise": "noise.kind", "samples": "samples.base", "twin": "samples.twin"}  # fmt: skip
     values = {key: o[flag] for flag, key in keys.items()}
     if o["samples"] is not None:
@@ -106,6 +107,7 @@ def generate_command(**o: Any) -> None:
 @_workers_option
 @click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec [default: none: mel compresses ~1.2x while zstd halves read speed; zstd for remote storage].")
 @click.option("--level", type=int, default=None, help="zstd level [default: 1].")
+@click.option("--pack", type=int, default=None, metavar="N", help="Records per tar member (build.pack) [default: 64; 1: one member per file and field].")
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--h5-dataset", "h5_datasets", multiple=True, metavar="ROLE=NAME", help="Rename an HDF5 dataset: labels=..., mel=..., waveform=... (repeatable).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set n_mels=128 (repeatable).")
@@ -114,7 +116,7 @@ def generate_command(**o: Any) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
-def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, codec, level, shard_mb, h5_datasets, overrides, backend, address, overwrite, quiet) -> None:
+def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, codec, level, pack, shard_mb, h5_datasets, overrides, backend, address, overwrite, quiet) -> None:
     """Build a cache of log-mel segments, one record per audio file.
 
     Exactly one source: --from-h5 FILE, --from-wav DIR or --synthetic N. Each
@@ -131,7 +133,7 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
         if not sep or role.strip() not in ("labels", "mel", "waveform"):
             raise ConfigError(f"--h5-dataset {item!r}: expected ROLE=NAME with ROLE one of labels, mel, waveform")
         datasets[role.strip()] = name.strip()
-    values = {"seed": seed, "build.codec": codec, "build.level": level, "build.shard_mb": shard_mb}
+    values = {"seed": seed, "build.codec": codec, "build.level": level, "build.pack": pack, "build.shard_mb": shard_mb}
     summary = run_mel_build(config_path, overrides, values, out, from_h5, from_wav, synthetic, datasets or None, workers, backend, address, overwrite, not quiet)
     for line in summary.lines("files"):
         click.echo(line)

@@ -1,4 +1,5 @@
-"""Per-member payload codecs: zstd (one frame per member, content checksum on) or none."""
+"""Per-entry payload codecs: zstd (one frame per record and field, content checksum on) or none,
+and how many records share a tar member (``pack``, see :mod:`cachebuild.format.packing`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class Codec:
 
     name: str = "zstd"
     level: int = 1
+    pack: int = 1
+    """Records per tar member the writer packs (1: one member per record and field)."""
 
     @property
     def suffix(self) -> str:
@@ -40,23 +43,32 @@ class Codec:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form stored in the manifest."""
-        return {"name": self.name, "level": self.level if self.name == "zstd" else None}
+        doc: dict[str, Any] = {"name": self.name, "level": self.level if self.name == "zstd" else None}
+        if self.pack != 1:  # (absent in caches of one record per member, so their manifests are unchanged)
+            doc["pack"] = self.pack
+        return doc
 
 
-def parse_codec(name: str | dict[str, Any] | Codec, level: int | None = None, keys: tuple[str, str] = ("codec", "codec.level")) -> Codec:
-    """Validate a codec name (and zstd level) from the CLI, a config or a manifest.
+def parse_codec(name: str | dict[str, Any] | Codec, level: int | None = None, keys: tuple[str, ...] = ("codec", "codec.level", "codec.pack"), pack: Any = 1) -> Codec:
+    """Validate a codec name (and zstd level, and records per member) from the CLI, a config or a manifest.
 
-    ``keys`` are the names an error gives the two values: a recipe's are ``build.codec`` and
-    ``build.level`` (what ``--set`` and the flags write), a manifest's ``codec`` and ``codec.level``."""
+    ``keys`` are the names an error gives the three values: a recipe's are ``build.codec``,
+    ``build.level`` and ``build.pack`` (what ``--set`` and the flags write), a manifest's
+    ``codec``, ``codec.level`` and ``codec.pack``."""
+    from cachebuild.format.packing import MAX_PACK
+
     if isinstance(name, Codec):
         return name
     if isinstance(name, dict):
-        return parse_codec(name.get("name", "zstd"), name.get("level"), keys)
+        return parse_codec(name.get("name", "zstd"), name.get("level"), keys, name.get("pack", 1))
     if name not in CODEC_NAMES:
         raise ConfigError.bad_value(keys[0], name, f"must be one of {', '.join(CODEC_NAMES)}")
+    pack_key = keys[2] if len(keys) > 2 else "pack"
+    if not isinstance(pack, int) or isinstance(pack, bool) or not 1 <= pack <= MAX_PACK:
+        raise ConfigError.bad_value(pack_key, pack, f"must be a whole number of records per tar member from 1 to {MAX_PACK}")
     if name == "none":
-        return Codec("none", 0)
+        return Codec("none", 0, pack)
     lvl = 1 if level is None else level
     if not isinstance(lvl, int) or isinstance(lvl, bool) or not -7 <= lvl <= 22:
         raise ConfigError.bad_value(keys[1], lvl, "must be an integer from -7 to 22")
-    return Codec("zstd", lvl)
+    return Codec("zstd", lvl, pack)

@@ -25,6 +25,7 @@ from cachebuild.format.codec import parse_codec
 from cachebuild.format.index import MAX_NDIM
 from cachebuild.format.limits import MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
 from cachebuild.format.names import JSON_DTYPE, KEY_DIGITS, member_name, record_key
+from cachebuild.format.packing import is_first_entry, tar_order
 
 __all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_names", "frame_content_sizes", "frame_headers", "parse_frame_headers"]
 
@@ -44,7 +45,7 @@ def _field_limits(fields: Sequence[Any]) -> tuple[np.ndarray, ...]:
     return ndim, item, lo, hi
 
 
-def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int | None) -> list[tuple[str, np.ndarray]]:
+def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int | None, pack: int = 1) -> list[tuple[str, np.ndarray]]:
     """(what is wrong, bad mask ``[records, fields]``) for every check, in the order they are reported."""
     ndim, item, lo, hi = _field_limits(fields)
     off, size, nbytes = index["offset"], index["size"], index["nbytes"]
@@ -65,21 +66,34 @@ def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int
         checks.append((f"raw payload size is not array data + a header of at most {MAX_NPY_HEADER} bytes", (size < nbytes) | (size > nbytes + MAX_NPY_HEADER)))
     if tar_size is not None:
         checks.append((f"payload lies past the end of the tar ({tar_size} bytes)", (off > tar_size) | (size > tar_size - np.minimum(off, tar_size))))
-    flat_off, flat_size = off.reshape(-1), size.reshape(-1)
-    overlap = np.zeros(flat_off.shape, bool)
-    if flat_off.size > 1:
-        overlap[1:] = flat_off[1:] < flat_off[:-1] + np.clip(flat_size[:-1], 0, None) + _HEADER
-    checks.append(("payload overlaps the member before it (members out of order)", overlap.reshape(off.shape)))
+    checks.append(_layout_problem(off, size, pack))
     return checks
 
 
-def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: int, shard: str, first_record: int, tar_size: int | None = None) -> None:
-    """Raise :class:`ShardCorruptError` unless ``index`` agrees with the manifest (``fields``, ``records``) and the tar's size."""
+def _layout_problem(off: np.ndarray, size: np.ndarray, pack: int) -> tuple[str, np.ndarray]:
+    """Entries in tar order (:func:`~cachebuild.format.packing.tar_order`): a member's first entry
+    lies after the previous entry and a tar header; a packed member's later entries follow
+    the entry before them exactly."""
+    order = tar_order(off.shape[0], off.shape[1], pack)
+    flat_off, flat_size = off.reshape(-1)[order], size.reshape(-1)[order]
+    opens = np.repeat(is_first_entry(off.shape[0], pack), off.shape[1])[order]
+    bad = np.zeros(flat_off.shape, bool)
+    if flat_off.size > 1:
+        after = flat_off[:-1] + np.clip(flat_size[:-1], 0, None)
+        bad[1:] = np.where(opens[1:], flat_off[1:] < after + _HEADER, flat_off[1:] != after)
+    out = np.zeros(bad.shape, bool)
+    out[order] = bad
+    what = "payload overlaps the member before it (members out of order)" if pack == 1 else "entry overlaps the one before it, or leaves a gap inside its member (out of order)"
+    return what, out.reshape(off.shape)
+
+
+def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: int, shard: str, first_record: int, tar_size: int | None = None, pack: int = 1) -> None:
+    """Raise :class:`ShardCorruptError` unless ``index`` agrees with the manifest (``fields``, ``records``, ``pack``) and the tar's size."""
     if index.shape != (records, len(fields)):
         raise ShardCorruptError(f"shard {shard}: index has shape {list(index.shape)}, the manifest implies [{records}, {len(fields)}] (records, fields)")
     if not index.size:
         return
-    for why, bad in _problems(index, fields, codec == "none", tar_size):
+    for why, bad in _problems(index, fields, codec == "none", tar_size, pack):
         if bad.any():
             r, j = (int(v[0]) for v in np.nonzero(bad))
             e = index[r, j]
@@ -90,57 +104,65 @@ def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: i
             )
 
 
-def expected_member_names(fields: Sequence[Any], codec: str, record_id: int) -> list[bytes]:
-    """The tar member names the writer gives record ``record_id``'s fields, in field order."""
+def expected_member_names(fields: Sequence[Any], codec: str, record_id: int, pack: int = 1) -> list[bytes]:
+    """The tar member names the writer gives the fields of the member that starts with record ``record_id``, in field order."""
     c = parse_codec(codec)
-    return [member_name(record_key(record_id), f.name, f.dtype, c).encode() for f in fields]
+    return [member_name(record_key(record_id), f.name, f.dtype, c, packed=pack > 1).encode() for f in fields]
 
 
-def _expected_names(fields: Sequence[Any], codec: str, first_record: int, rows: np.ndarray) -> np.ndarray:
-    """``[len(rows), fields]`` fixed-width (``S100``) member names the writer gives those records."""
+def _expected_names(fields: Sequence[Any], codec: str, first_record: int, rows: np.ndarray, pack: int) -> np.ndarray:
+    """``[len(rows), fields]`` fixed-width (``S100``) member names of the members that start with those (shard-local) records."""
     ids = np.char.zfill((first_record + rows).astype("U20"), KEY_DIGITS)
-    suffixes = [n.decode()[KEY_DIGITS:] for n in expected_member_names(fields, codec, 0)]
+    suffixes = [n.decode()[KEY_DIGITS:] for n in expected_member_names(fields, codec, 0, pack)]
     cols = [np.char.add(ids, sfx) for sfx in suffixes]
     return np.stack(cols, axis=1).astype(f"S{_NAME_BYTES}") if cols else np.zeros((len(rows), 0), f"S{_NAME_BYTES}")
 
 
-def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec: str, shard: str, first_record: int, rows: Sequence[int]) -> None:
-    """Compare the tar header names and sizes of records ``rows`` with those their record ids imply (vectorised).
+def _member_sizes(index: np.ndarray, pack: int) -> np.ndarray:
+    """``[groups, fields]``: each member's payload length, the sum of its entries' (its end is checked by :func:`check_index`)."""
+    if pack == 1:
+        return index["size"]
+    return np.add.reduceat(index["size"], np.arange(0, len(index), pack), axis=0)
+
+
+def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec: str, shard: str, first_record: int, rows: Sequence[int], pack: int = 1) -> None:
+    """Compare the tar header names and sizes of the members holding records ``rows`` with those their record ids imply (vectorised).
 
     ``buf`` is the tar's bytes (an mmap or memoryview); the index was checked
     (:func:`check_index`), so every header lies inside it.
     """
-    picked = np.asarray(rows, dtype=np.int64)
+    picked = np.unique(np.asarray(rows, dtype=np.int64) // pack) * pack  # the members' first records
     if not picked.size or not len(fields):
         return
     tar = np.frombuffer(buf, np.uint8)
     entries = index[picked]
+    member_size = _member_sizes(index, pack)[picked // pack]
     starts = entries["offset"].reshape(-1) - _HEADER
     heads = tar[starts[:, None] + np.arange(136)]  # name [0:100], size field [124:136]
     got = np.ascontiguousarray(heads[:, :_NAME_BYTES]).view(f"S{_NAME_BYTES}").reshape(len(picked), len(fields))
     digits = heads[:, 124:135].astype(np.int64) - ord("0")
     octal_ok = ((digits >= 0) & (digits <= 7)).all(axis=1)
     got_size = np.where(octal_ok, (np.clip(digits, 0, 7) * (8 ** np.arange(10, -1, -1))).sum(axis=1), -1).reshape(len(picked), len(fields))
-    want = _expected_names(fields, codec, first_record, picked)
-    bad = (got != want) | (got_size != entries["size"])
+    want = _expected_names(fields, codec, first_record, picked, pack)
+    bad = (got != want) | (got_size != member_size)
     del tar
     if bad.any():
         i, j = (int(v[0]) for v in np.nonzero(bad))
         raise ShardCorruptError(
             f"shard {shard}, record {record_key(first_record + int(picked[i]))}, field '{fields[j].name}': tar member is "
             f"{got[i, j].decode('ascii', 'replace')!r} ({int(got_size[i, j])} bytes), expected {want[i, j].decode()!r} "
-            f"({int(entries[i, j]['size'])} bytes): shard misplaced or swapped in the manifest, or corrupt"
+            f"({int(member_size[i, j])} bytes): shard misplaced or swapped in the manifest, or corrupt"
         )
 
 
-def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str, first_record: int) -> None:
-    """zstd: every member's frame declares a decoded size its index entry allows (read from the frame
+def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str, first_record: int, pack: int = 1) -> None:
+    """zstd: every entry's frame declares a decoded size its index entry allows (read from the frame
     headers only, nothing is decompressed), so a decompression bomb is refused before any reader allocates."""
     is_json = np.array([f.dtype == JSON_DTYPE for f in fields])
     flat = index.reshape(-1)
     declared = frame_content_sizes(np.frombuffer(view, np.uint8), flat["offset"], flat["size"])
     nbytes = flat["nbytes"]
-    extra = np.where(np.tile(is_json, len(index)), 0, MAX_NPY_HEADER)
+    extra = np.where(np.tile(is_json, len(index)), 0 if pack == 1 else 1, MAX_NPY_HEADER)  # (a packed JSON entry: its "\n")
     bad = np.flatnonzero((declared < nbytes) | (declared > nbytes + extra))
     if bad.size:
         r, j = divmod(int(bad[0]), len(fields))

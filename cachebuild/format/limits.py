@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import CacheBuildError, ManifestError
-from cachebuild.format.names import JSON_DTYPE, MANIFEST_NAME
+from cachebuild.format.names import JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION
+from cachebuild.format.packing import MAX_PACK
 
 __all__ = [
     "MAX_MANIFEST_BYTES",
@@ -156,8 +157,12 @@ def _check_shard(i: int, s: Any, n_fields: int, first: int, where: str) -> None:
         raise ManifestError(f"{where}: shards[{i}] names {s.name!r} as both its tar and its index")
     nbytes = _whole(s.bytes, f"shards[{i}].bytes", where, END_BYTES, MAX_SHARD_BYTES)
     records = _whole(s.records, f"shards[{i}].records", where, 0, 1 << 40)
-    if records * n_fields * MEMBER_MIN_BYTES + END_BYTES > nbytes:
-        raise ManifestError(f"{where}: shards[{i}].records = {records} x {n_fields} fields cannot fit in shards[{i}].bytes = {nbytes} (each member takes at least {MEMBER_MIN_BYTES} bytes)")
+    pack = _whole(s.pack, f"shards[{i}].pack", where, 1, MAX_PACK)
+    groups = -(-records // pack)
+    if groups * n_fields * MEMBER_MIN_BYTES + END_BYTES > nbytes:
+        raise ManifestError(
+            f"{where}: shards[{i}].records = {records}{f' (in members of {pack})' if pack > 1 else ''} x {n_fields} fields cannot fit in shards[{i}].bytes = {nbytes} (each member takes at least {MEMBER_MIN_BYTES} bytes)"
+        )
     if _whole(s.first_record, f"shards[{i}].first_record", where) != first:
         raise ManifestError(f"{where}: shards[{i}].first_record = {s.first_record} but the shards before it hold {first} records")
     for key in ("raw_bytes", "index_bytes"):
@@ -199,3 +204,6 @@ def check_manifest(m: Any, declared_records: Any, where: str) -> None:
             seen.add(getattr(s, key))
     if declared_records is not None and declared_records != first - base:
         raise ManifestError(f"{where}: records = {declared_records!r} but its shards hold {first - base} records")
+    packed = next((i for i, s in enumerate(m.shards) if s.pack != 1), None)
+    if packed is not None and m.version < PACKED_VERSION:
+        raise ManifestError(f"{where}: shards[{packed}].pack = {m.shards[packed].pack} needs format version {PACKED_VERSION}, the manifest says {m.version}")

@@ -17,11 +17,11 @@ import numpy as np
 from cachebuild.errors import ManifestError
 from cachebuild.format.codec import Codec, parse_codec
 from cachebuild.format.limits import MAX_MANIFEST_BYTES, check_manifest, load_json_bounded
-from cachebuild.format.names import FORMAT_NAME, FORMAT_VERSION, JSON_DTYPE, MANIFEST_NAME
+from cachebuild.format.names import FORMAT_NAME, FORMAT_VERSION, JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION
 
-__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "read_manifest", "schemas_from_indexes"]
+__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "manifest_version", "read_manifest", "schemas_from_indexes"]
 
-READ_VERSIONS = (1, 2)  # 2: a grown cache (generation >= 1, see cachebuild.format.generations)
+READ_VERSIONS = (1, 2, 3)  # 2: a grown cache (generation >= 1, see cachebuild.format.generations); 3: packed members (cachebuild.format.packing)
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,14 @@ class ShardEntry:
     index_sha256: str
     raw_bytes: int = 0
     index_bytes: int = 0
+    pack: int = 1
+    """Records per tar member (:mod:`cachebuild.format.packing`); absent from the manifest when 1."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        doc = dict(self.__dict__)
+        if self.pack == 1:
+            del doc["pack"]
+        return doc
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,7 @@ class Manifest:
     def to_json(self) -> bytes:
         doc = {
             "format": FORMAT_NAME,
-            "version": self.version,
+            "version": manifest_version(self.version, self.shards),
             "kind": self.kind,
             "created_by": self.created_by,
             "seed": self.seed,
@@ -148,6 +153,13 @@ class Manifest:
             raise ManifestError(f"{where}: malformed ({type(exc).__name__}: {exc})") from exc
         check_manifest(manifest, doc.get("records"), where)
         return manifest
+
+
+def manifest_version(version: int, shards: Sequence[ShardEntry]) -> int:
+    """The version a manifest is written with: ``version`` (1, or 2 for a grown cache), raised to
+    :data:`~cachebuild.format.names.PACKED_VERSION` once a shard packs records, so readers older
+    than packing refuse the cache with their version message instead of misreading it."""
+    return max(version, PACKED_VERSION) if any(s.pack != 1 for s in shards) else version
 
 
 def _missing_manifest_hint(root: Path) -> str:

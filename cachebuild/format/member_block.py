@@ -7,10 +7,14 @@ C-level call over all members of the run: ``.npy`` headers (one per distinct
 shape), sizes, index rows, compression, and in the writer the offsets and tar
 headers (:func:`cachebuild.format.tarball.tar_headers`).
 
-The bytes are exactly those of one member at a time: a ``.npy`` v1.0 header and
-the C-order array data (or compact, key-sorted JSON), compressed as one zstd
-frame each with the writer's compressor; ``crc32`` of the stored payload for raw
-members, 0 for zstd (its frames carry a checksum).
+Each record's field is one *entry*: its C-order array data (or compact,
+key-sorted JSON), preceded by a ``.npy`` v1.0 header where one is due, compressed
+as one zstd frame with the writer's compressor; ``crc32`` of the stored entry
+for raw caches, 0 for zstd (its frames carry a checksum). With ``pack == 1``
+every entry is a whole member with its own header. With ``pack > 1`` a member
+holds a group of ``pack`` records (:mod:`cachebuild.format.packing`): only the
+group's first entry carries the header (of the stacked or flat group array),
+and a JSON member's later entries start with ``\n``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 from cachebuild.format.index import INDEX_DTYPE, MAX_NDIM
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.npy import npy_headers
+from cachebuild.format.packing import group_starts, tar_order
 
 __all__ = ["FieldSpec", "EncodedRun", "MemberError", "encode_run"]
 
@@ -55,12 +60,15 @@ class FieldSpec:
 
 @dataclass
 class EncodedRun:
-    """Members of consecutive records in record-major order (record 0's fields, then record 1's, ...).
+    """Entries of consecutive records in tar order (:func:`~cachebuild.format.packing.tar_order`:
+    record-major when ``pack == 1``, else group by group, field by field).
 
-    Member ``i``'s stored payload is ``prefixes[i] + bodies[i]`` (``sizes[i]`` bytes):
-    raw, a ``.npy`` header (``b""`` for JSON) and the array (or JSON text); zstd, no
-    prefixes and one frame. ``rows`` are the index entries ``[records, fields]`` with
-    offsets and sizes still 0; ``raw_bytes`` the uncompressed payload bytes.
+    Entry ``i``'s stored bytes are ``prefixes[i] + bodies[i]`` (``sizes[i]`` bytes):
+    raw, a ``.npy`` header or JSON separator where due (else ``b""``) and the array
+    (or JSON text); zstd, no prefixes and one frame. ``order[i]`` is entry ``i``'s
+    position in the record-major ``rows.reshape(-1)``; ``rows`` are the index entries
+    ``[records, fields]`` with offsets and sizes still 0; ``raw_bytes`` the
+    uncompressed payload bytes.
     """
 
     prefixes: list[bytes] | None
@@ -68,6 +76,7 @@ class EncodedRun:
     sizes: np.ndarray
     rows: np.ndarray
     raw_bytes: int
+    order: np.ndarray
 
 
 @dataclass
@@ -108,14 +117,32 @@ def _check_arrays(spec: FieldSpec, want: np.dtype, vals: list[Any], key_of: Call
     return ndims
 
 
-def _array_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[[int], str]) -> _Column:
-    """Checked C-contiguous arrays of one field and their ``.npy`` headers."""
+def _group_headers(want: np.dtype, shapes: list[tuple[int, ...]], pack: int) -> list[bytes]:
+    """Per record: the ``.npy`` header its entry starts with (``b""`` inside a group): the record's
+    own shape when ``pack == 1``, else the group's ``[G, *shape]`` (one shape) or ``[total]`` (ragged)."""
+    if pack == 1:
+        return npy_headers(want, shapes)
+    heads = [b""] * len(shapes)
+    group: list[tuple[int, ...]] = []
+    for a in group_starts(len(shapes), pack).tolist():
+        members = shapes[a : a + pack]
+        if members.count(members[0]) == len(members):
+            group.append((len(members), *members[0]))
+        else:
+            group.append((sum(int(np.prod(s)) for s in members),))
+    for a, h in zip(group_starts(len(shapes), pack).tolist(), npy_headers(want, group)):
+        heads[a] = h
+    return heads
+
+
+def _array_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[[int], str], pack: int) -> _Column:
+    """Checked C-contiguous arrays of one field and the ``.npy`` headers their entries start with."""
     want = np.dtype(spec.dtype)
     _check_arrays(spec, want, vals, key_of)
     if not all([v.flags.c_contiguous for v in vals]):
         vals = [v if v.flags.c_contiguous else v.copy(order="C") for v in vals]  # (ascontiguousarray would turn 0-d into 1-d)
     shapes = [v.shape for v in vals]
-    heads = npy_headers(want, shapes)
+    heads = _group_headers(want, shapes, pack)
     crcs = []
     if raw:
         head_crc = {h: zlib.crc32(h) for h in set(heads)}
@@ -124,8 +151,8 @@ def _array_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[
     return _Column(heads, vals, [v.nbytes for v in vals], shapes, crcs)
 
 
-def _json_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[[int], str]) -> _Column:
-    """Compact, key-sorted JSON text of one field."""
+def _json_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[[int], str], pack: int) -> _Column:
+    """Compact, key-sorted JSON text of one field (JSON Lines in a packed member: ``\n`` before all but a group's first)."""
     dumps = json.dumps
     texts = []
     for i, v in enumerate(vals):
@@ -133,8 +160,9 @@ def _json_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[[
             texts.append(dumps(v, sort_keys=True, separators=(",", ":")).encode())
         except (TypeError, ValueError) as exc:
             raise MemberError(f"field '{spec.name}' of record {key_of(i)}: not JSON-able ({exc})", i) from exc
-    crcs = [zlib.crc32(t) for t in texts] if raw else []
-    return _Column([b""] * len(texts), texts, [len(t) for t in texts], [()] * len(texts), crcs)
+    prefixes = [b""] * len(texts) if pack == 1 else [b"" if i % pack == 0 else b"\n" for i in range(len(texts))]
+    crcs = [zlib.crc32(t, zlib.crc32(p)) for p, t in zip(prefixes, texts)] if raw else []
+    return _Column(prefixes, texts, [len(t) for t in texts], [()] * len(texts), crcs)
 
 
 def _rows(columns: list[_Column], count: int) -> np.ndarray:
@@ -160,25 +188,32 @@ def _rows(columns: list[_Column], count: int) -> np.ndarray:
     return rows
 
 
-def encode_run(records: Sequence[Mapping[str, Any]], specs: Sequence[FieldSpec], cctx: Any, key_of: Callable[[int], str]) -> EncodedRun:
-    """Encode ``records`` into members; ``key_of(i)`` is record ``i``'s key (for error messages).
+def encode_run(records: Sequence[Mapping[str, Any]], specs: Sequence[FieldSpec], cctx: Any, key_of: Callable[[int], str], pack: int = 1) -> EncodedRun:
+    """Encode ``records`` into entries; ``key_of(i)`` is record ``i``'s key (for error messages).
 
-    ``cctx`` is a zstd compressor, or None for raw payloads. Raises
-    :class:`MemberError` for a record that does not fit the schema.
+    ``cctx`` is a zstd compressor, or None for raw payloads; record 0 opens a
+    group of ``pack`` records. Raises :class:`MemberError` for a record that
+    does not fit the schema.
     """
     raw = cctx is None
     columns = []
     for spec, vals in zip(specs, _values(records, specs)):
         make = _json_column if spec.is_json else _array_column
-        columns.append(make(spec, vals, raw, key_of))
+        columns.append(make(spec, vals, raw, key_of, pack))
     rows = _rows(columns, len(records))
     plen = np.array([[len(h) for h in c.prefixes] for c in columns], np.int64).reshape(len(columns), len(records))
+    order = tar_order(len(records), len(columns), pack)
     raw_len = (plen.T + rows["nbytes"]).reshape(-1)
     if raw:
         prefixes, bodies = _record_major([c.prefixes for c in columns]), _record_major([c.bodies for c in columns])
-        return EncodedRun(prefixes, bodies, raw_len, rows, int(raw_len.sum()))
-    frames = _compress(cctx, _record_major([x for c in columns for x in (c.prefixes, c.bodies)]), raw_len)
-    return EncodedRun(None, frames, np.fromiter(map(len, frames), np.int64, len(frames)), rows, int(raw_len.sum()))
+        return EncodedRun(_reorder(prefixes, order, pack), _reorder(bodies, order, pack), raw_len[order], rows, int(raw_len.sum()), order)
+    frames = _reorder(_compress(cctx, _record_major([x for c in columns for x in (c.prefixes, c.bodies)]), raw_len), order, pack)
+    return EncodedRun(None, frames, np.fromiter(map(len, frames), np.int64, len(frames)), rows, int(raw_len.sum()), order)
+
+
+def _reorder(items: list[Any], order: np.ndarray, pack: int) -> list[Any]:
+    """``items`` (record-major) in tar order (the same list when ``pack == 1``)."""
+    return items if pack == 1 else [items[i] for i in order.tolist()]
 
 
 def _record_major(columns: list[list[Any]]) -> list[Any]:

@@ -15,8 +15,10 @@ from typing import Protocol
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "PACKED_VERSION",
     "INDEX_SUFFIX",
     "JSON_DTYPE",
+    "JSONL_SUFFIX",
     "KEY_DIGITS",
     "MANIFEST_NAME",
     "NPY_SUFFIX",
@@ -30,7 +32,10 @@ __all__ = [
 FORMAT_NAME = "cachebuild-shards"
 """The manifest's ``format`` value."""
 FORMAT_VERSION = 1
-"""The manifest's ``version``: what this cachebuild writes and reads."""
+"""The manifest's ``version`` of a cache of one generation and one record per member (versions
+2 and 3 add generations and packed members; :func:`cachebuild.format.manifest.manifest_version`)."""
+PACKED_VERSION = 3
+"""The manifest's ``version`` once a shard packs several records per member (older readers refuse it)."""
 MANIFEST_NAME = "manifest.json"
 """The manifest's file name at the cache root."""
 JSON_DTYPE = "json"
@@ -41,6 +46,7 @@ TAR_SUFFIX = ".tar"
 INDEX_SUFFIX = ".idx.npy"
 NPY_SUFFIX = ".npy"
 ZSTD_SUFFIX = ".zst"
+JSONL_SUFFIX = ".jsonl"
 
 
 class _Suffixed(Protocol):
@@ -55,10 +61,11 @@ def record_key(record_id: int) -> str:
     return f"{record_id:0{KEY_DIGITS}d}"
 
 
-def member_name(key: str, field: str, dtype: str, codec: _Suffixed) -> str:
-    """``{key}.{field}.npy[.zst]``, or ``{key}.{field}[.zst]`` for a JSON field."""
+def member_name(key: str, field: str, dtype: str, codec: _Suffixed, packed: bool = False) -> str:
+    """``{key}.{field}.npy[.zst]``; for a JSON field ``{key}.{field}[.zst]``, or ``{key}.{field}.jsonl[.zst]``
+    in a shard of packed members (JSON Lines of several records, see :mod:`cachebuild.format.packing`)."""
     if dtype == JSON_DTYPE:
-        return f"{key}.{field}{codec.suffix}"
+        return f"{key}.{field}{JSONL_SUFFIX if packed else ''}{codec.suffix}"
     return f"{key}.{field}{NPY_SUFFIX}{codec.suffix}"
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from cachebuild.errors import ManifestError, ShardCorruptError
 from cachebuild.format.index import load_index
 from cachebuild.format.index_check import check_index, check_member_keys
+from cachebuild.format.packing import tar_order
 from cachebuild.format.manifest import Manifest, ShardEntry, read_manifest
 from cachebuild.format.names import record_key
 
@@ -101,10 +102,12 @@ def _truncation_message(entry: ShardEntry, path: Path, size: int, idx_path: Path
     except (ShardCorruptError, OSError):
         return msg
     if len(index):
-        ends = (index["offset"] + index["size"]).max(axis=1)
-        past = np.flatnonzero(ends > size)
+        ends = index["offset"] + index["size"]
+        past = np.flatnonzero(ends.max(axis=1) > size)
         if past.size:
-            msg += f"; record {record_key(entry.first_record + int(past[0]))} and {past.size - 1} later records lie past the end"
+            order = tar_order(index.shape[0], index.shape[1], entry.pack)
+            cut = int(order[np.argmax(ends.reshape(-1)[order] > size)]) // index.shape[1]  # the record whose entry the end cuts (first in tar order)
+            msg += f"; record {record_key(entry.first_record + cut)} and {past.size - 1} other records lie past the end"
     return msg
 
 
@@ -134,7 +137,7 @@ def load_checked_index(manifest: Manifest, entry: ShardEntry, idx_path: Path, ta
     if entry.index_sha256 and hashlib.sha256(idx_bytes).hexdigest() != entry.index_sha256:
         raise ShardCorruptError(f"index {idx_path}: checksum differs from the manifest's (corrupt or replaced)")
     index = load_index(idx_path, len(manifest.fields), entry.records)
-    check_index(index, manifest.fields, manifest.codec.name, entry.records, entry.name, entry.first_record, tar_size)
+    check_index(index, manifest.fields, manifest.codec.name, entry.records, entry.name, entry.first_record, tar_size, entry.pack)
     return index
 
 
@@ -179,7 +182,7 @@ def open_shard(manifest: Manifest, entry: ShardEntry, path: Path, idx_path: Path
     sh = OpenShard(entry, path, mm, memoryview(mm) if mm is not None else memoryview(b""), index)
     if entry.records:  # cheap: a swapped or misplaced shard shows in its first and last keys
         try:
-            check_member_keys(sh.view, index, manifest.fields, manifest.codec.name, entry.name, entry.first_record, sorted({0, entry.records - 1}))
+            check_member_keys(sh.view, index, manifest.fields, manifest.codec.name, entry.name, entry.first_record, sorted({0, entry.records - 1}), entry.pack)
         except ShardCorruptError:
             sh.unmap()
             raise

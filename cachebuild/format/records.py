@@ -14,7 +14,9 @@ fault is reported with the same words by both.
   (``stage`` runs it before copying).
 * :func:`check_headers`: what the loader never reads but ``tar -x`` + ``zstd -d``
   users do: each ``.npy`` header agrees with the manifest and index (dtype,
-  shape, C order), and a raw JSON member has no bytes before its text.
+  shape, C order; in a packed member, the group's stacked or flat shape, and
+  no header inside the group), and a JSON entry holds nothing before its text
+  but, in a packed member, its ``\n`` separator.
 """
 
 from __future__ import annotations
@@ -73,9 +75,9 @@ def check_members(shards: ShardSet, s: int) -> None:
     declares a size its index entry allows (nothing is decompressed, so a bomb is refused unread)."""
     sh = shards.shard(s)
     e, fields = sh.entry, shards.manifest.fields
-    check_member_keys(sh.view, sh.index, fields, shards.codec, e.name, e.first_record, range(e.records))
+    check_member_keys(sh.view, sh.index, fields, shards.codec, e.name, e.first_record, range(e.records), e.pack)
     if shards.codec == "zstd":
-        check_frames(sh.view, sh.index, fields, e.name, e.first_record)
+        check_frames(sh.view, sh.index, fields, e.name, e.first_record, e.pack)
 
 
 def check_structure(shards: ShardSet, s: int) -> None:
@@ -88,9 +90,9 @@ def check_structure(shards: ShardSet, s: int) -> None:
 
 
 def check_headers(shards: ShardSet, ids: np.ndarray, names: Sequence[str] | None = None) -> None:
-    """Each ``.npy`` header of records ``ids`` agrees with the manifest and index; a raw JSON member
-    holds nothing but its text. Run after :func:`read_block` decoded the same members (so a zstd
-    frame is known to be sound); each distinct (header, shape) is parsed once."""
+    """Each ``.npy`` header of records ``ids`` agrees with the manifest and index; a JSON entry holds
+    nothing but its text (and a packed entry's separator). Run after :func:`read_block` decoded the
+    same entries (so a zstd frame is known to be sound); each distinct (header, shape) is parsed once."""
     ids = np.asarray(ids, dtype=np.int64)
     s, local = shards.locate(ids)
     dctx = zstandard.ZstdDecompressor() if shards.codec == "zstd" else None
@@ -99,34 +101,56 @@ def check_headers(shards: ShardSet, ids: np.ndarray, names: Sequence[str] | None
         shard = shards.shard(sh)
         for name in names if names is not None else shards.manifest.field_names:
             schema = shards.manifest.schema(name)
-            e = shard.index[local[rows], shards.field_pos[name]]
-            cols = zip(ids[rows].tolist(), e["offset"].tolist(), e["size"].tolist(), e["nbytes"].tolist(), e["shape"][:, : schema.ndim].tolist())
-            if schema.dtype == JSON_DTYPE:
-                stray = np.flatnonzero(e["size"] != e["nbytes"]) if dctx is None else np.zeros(0, np.int64)
-                if len(stray):
-                    i = int(stray[0])
-                    raise ShardCorruptError(f"{shards.where(int(ids[rows[i]]), name)}: {int(e['size'][i] - e['nbytes'][i])} stray bytes before the JSON text")
-                continue
-            seen: set[tuple[bytes, tuple[int, ...]]] = set()
-            for rid, off, size, nbytes, shape in cols:
+            column = shard.index[:, shards.field_pos[name]]
+            want = _expected_shapes(column, local[rows], shard.entry.pack, schema.ndim)
+            seen: set[tuple[bytes, tuple[int, ...] | None]] = set()
+            for rid, at, shape in zip(ids[rows].tolist(), local[rows].tolist(), want):
+                e = column[at]
+                off, size, nbytes = int(e["offset"]), int(e["size"]), int(e["nbytes"])
                 try:
-                    header = _header(shard.view[off : off + size], nbytes, dctx)
+                    prefix = _header(shard.view[off : off + size], nbytes, dctx, 1 if schema.dtype == JSON_DTYPE else MAX_NPY_HEADER)
                 except (ValueError, zstandard.ZstdError) as exc:
                     raise ShardCorruptError(f"{shards.where(rid, name)}: {exc}") from exc
-                if (header, tuple(shape)) not in seen:
-                    check_npy_header(header, schema.dtype, tuple(shape), shards.where(rid, name))
-                    seen.add((header, tuple(shape)))
+                if schema.dtype == JSON_DTYPE:
+                    if prefix != (b"" if shape is not None else b"\n"):
+                        raise ShardCorruptError(f"{shards.where(rid, name)}: {len(prefix)} stray bytes before the JSON text ({prefix[:8]!r})")
+                elif shape is None:
+                    if prefix:
+                        raise ShardCorruptError(f"{shards.where(rid, name)}: {len(prefix)} stray bytes before the array data inside a packed member")
+                elif (prefix, shape) not in seen:
+                    check_npy_header(prefix, schema.dtype, shape, shards.where(rid, name))
+                    seen.add((prefix, shape))
 
 
-def _header(payload: memoryview, nbytes: int, dctx: zstandard.ZstdDecompressor | None) -> bytes:
-    """The bytes before a member's array data: the stored bytes (raw), or the start of its decoded
-    frame (zstd; only the frame's first block is decoded, at most :data:`MAX_NPY_HEADER` bytes kept)."""
+def _expected_shapes(column: np.ndarray, rows: np.ndarray, pack: int, ndim: int) -> list[tuple[int, ...] | None]:
+    """Per record: the shape its entry's ``.npy`` header must give, or None for an entry inside a
+    packed member (no header): the record's own shape (``pack == 1``), else its group's stacked
+    ``(G, *shape)`` when the group's records share one shape, ``(total elements,)`` otherwise."""
+    shapes = column["shape"][:, :ndim]
+    if pack == 1:
+        return [tuple(v) for v in shapes[rows].tolist()]
+    out: list[tuple[int, ...] | None] = []
+    for r in rows.tolist():
+        if r % pack:
+            out.append(None)
+            continue
+        group = shapes[r : r + pack]
+        if (group == group[:1]).all():
+            out.append((len(group), *group[0].tolist()))
+        else:
+            out.append((int(np.prod(group, axis=1).sum()),))
+    return out
+
+
+def _header(payload: memoryview, nbytes: int, dctx: zstandard.ZstdDecompressor | None, most: int) -> bytes:
+    """The bytes before an entry's data: the stored bytes (raw), or the start of its decoded frame
+    (zstd; only the frame's first block is decoded, at most ``most`` bytes kept)."""
     if dctx is None:
         return bytes(payload[: len(payload) - nbytes])
     declared = zstandard.frame_content_size(payload) if len(payload) >= 6 else -2
     want = declared - nbytes
-    if declared < 0 or not 0 <= want <= MAX_NPY_HEADER:
-        raise ValueError(f"zstd frame declares {declared} bytes, the index allows {nbytes}..{nbytes + MAX_NPY_HEADER}")
+    if declared < 0 or not 0 <= want <= most:
+        raise ValueError(f"zstd frame declares {declared} bytes, the index allows {nbytes}..{nbytes + most}")
     out = b""
     with dctx.stream_reader(payload) as reader:
         while len(out) < want:

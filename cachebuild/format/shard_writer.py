@@ -1,11 +1,13 @@
 """Write records into one shard: a plain tar of per-member-compressed ``.npy``/JSON
 payloads plus its sidecar index, both under temporary names until complete.
 
-Records are written a run at a time (about 8 MB of payload): the members are
+Records are written a run at a time (about 8 MB of payload, whole groups of
+``codec.pack`` records; see :mod:`cachebuild.format.packing`): the entries are
 encoded column by column (:mod:`cachebuild.format.member_block`), the tar
 headers built in one numpy pass, and the run's bytes joined once into one
-buffer that is hashed (sha256) and written. Every
-byte is read by the hash once and written once; nothing is re-read.
+buffer that is hashed (sha256) and written. Every byte is read by the hash once
+and written once; nothing is re-read. Records of an unfinished group wait in
+memory for the next block or :meth:`ShardWriter.close`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from cachebuild.format.atomic import fsync_dir, output_error, tmp_name
 from cachebuild.format.codec import Codec
 from cachebuild.format.index import INDEX_DTYPE, index_bytes
 from cachebuild.format.manifest import ShardEntry
-from cachebuild.format.member_block import EncodedRun, FieldSpec, encode_run
+from cachebuild.format.member_block import EncodedRun, FieldSpec, MemberError, encode_run
 from cachebuild.format.names import index_name, member_name, record_key
+from cachebuild.format.packing import is_first_entry
 from cachebuild.format.tarball import BLOCK, END_OF_ARCHIVE, pad_lengths, tar_headers
 
 __all__ = ["ShardWriter"]
@@ -32,7 +35,7 @@ _JOIN_LIMIT = 64 << 20  # a run with more (one huge record) is hashed and writte
 
 
 def _place_prefixes(gaps: np.ndarray, prefixes: list[bytes], plen: np.ndarray) -> None:
-    """Copy each member's ``.npy`` header after its tar header (a few distinct lengths: one copy per length)."""
+    """Copy each entry's prefix (``.npy`` header, JSON separator) after its tar header slot (a few distinct lengths: one copy per length)."""
     lengths = np.unique(plen).tolist()
     for n in lengths:
         if n == 0:
@@ -73,8 +76,11 @@ class ShardWriter:
         self.fields = list(fields)
         _check_schema(self.fields)
         self.codec = codec
+        self.pack = codec.pack
         self.first_record = first_record
-        self._specs = [FieldSpec(f, d, member_name("", f, d, codec)) for f, d in self.fields]
+        self._specs = [FieldSpec(f, d, member_name("", f, d, codec, packed=self.pack > 1)) for f, d in self.fields]
+        self._pending: list[Mapping[str, Any]] = []  # records of a group not yet complete
+        self._flushed = False
         self._cctx = codec.compressor()
         self._final = self.folder / name
         self._tmp = tmp_name(self._final)
@@ -91,7 +97,8 @@ class ShardWriter:
 
     @property
     def records(self) -> int:
-        return self._count
+        """Records added so far (written, or waiting for their group to fill)."""
+        return self._count + len(self._pending)
 
     def add(self, record: Mapping[str, Any]) -> None:
         """Append one record (a dict of numpy arrays, and a JSON-able dict for JSON fields)."""
@@ -101,9 +108,33 @@ class ShardWriter:
         """Append records in order, as :meth:`add` would one by one (same bytes), a run at a time.
 
         A record that does not fit the schema raises a ValueError
-        (:class:`~cachebuild.format.member_block.MemberError`) naming it; the
-        records before its run are written, so :meth:`abort` the writer then.
+        (:class:`~cachebuild.format.member_block.MemberError`) naming it, here or
+        (in a group still filling) from :meth:`close`; the records before its run
+        are written, so :meth:`abort` the writer then.
         """
+        if not records:
+            return
+        if self._flushed:
+            raise ValueError(f"shard {self.name}: records added after flush_pending() would break its member groups")
+        if self._pending:
+            records = [*self._pending, *records]
+        whole = len(records) - len(records) % self.pack
+        self._pending = list(records[whole:])
+        self._write_records(records[:whole])
+
+    @property
+    def pending(self) -> list[Mapping[str, Any]]:
+        """Records added but not yet written: the start of a group still filling."""
+        return list(self._pending)
+
+    def flush_pending(self) -> None:
+        """Write the last, shorter group now (once every record is added; :meth:`close` does it too),
+        so a record that does not fit the schema is reported here rather than by ``close``."""
+        pending, self._pending = self._pending, []
+        self._flushed = True
+        self._write_records(pending)
+
+    def _write_records(self, records: Sequence[Mapping[str, Any]]) -> None:
         if not records:
             return
         step = self._run_records(records[0])
@@ -115,13 +146,17 @@ class ShardWriter:
         try:
             size = sum(int(getattr(v, "nbytes", 256)) for v in record.values()) + BLOCK * len(self._specs)
         except (AttributeError, TypeError, ValueError):
-            return 1
-        return max(1, _RUN_BYTES // max(1, size))
+            return self.pack
+        return -(-max(1, _RUN_BYTES // max(1, size)) // self.pack) * self.pack
 
     def _write_run(self, records: Sequence[Mapping[str, Any]]) -> None:
         first = self.first_record + self._count
-        run = encode_run(records, self._specs, self._cctx, lambda i: record_key(first + i))
-        chunks, end, pad = self._tar_chunks(run, [record_key(first + i) for i in range(len(records))])
+        try:
+            run = encode_run(records, self._specs, self._cctx, lambda i: record_key(first + i), self.pack)
+        except MemberError as exc:
+            exc.record += self._count  # (from the run's to the shard's position)
+            raise
+        chunks, end, pad = self._tar_chunks(run, [record_key(first + i) for i in range(0, len(records), self.pack)])
         if run.raw_bytes <= _JOIN_LIMIT:
             chunks = [b"".join(chunks)]  # one hash call and one write per run
         for chunk in chunks:  # (a run of huge records: no joined copy)
@@ -132,37 +167,48 @@ class ShardWriter:
         self._count += len(records)
         self._raw_bytes += run.raw_bytes
 
-    def _tar_chunks(self, run: EncodedRun, keys: list[str]) -> tuple[list[Any], int, int]:
+    def _tar_chunks(self, run: EncodedRun, group_keys: list[str]) -> tuple[list[Any], int, int]:
         """The run's tar bytes as buffers; fills the index offsets and sizes.
 
-        Member ``i`` is written as two buffers: a gap (the previous member's
-        padding, the tar header, the ``.npy`` header of a raw payload), built for
-        all members in one array, then the payload's body. Returns (buffers, the
-        padded end of the last member, that member's padding).
+        Entry ``i`` (in tar order) is written as two buffers: a gap, built for
+        all entries in one array, then the entry's body. A member's first
+        entry's gap holds the previous member's padding, the tar header and (raw)
+        the ``.npy`` header; a later entry's gap only its prefix (a JSON
+        separator, or nothing). Returns (buffers, the padded end of the last
+        member, that member's padding).
         """
         sizes = run.sizes
         m, nf = len(sizes), len(self._specs)
         if m == 0:  # a schema without fields
             return [], self._pos, self._pad
-        pads = pad_lengths(sizes)
-        steps = BLOCK + sizes + pads
-        ends = self._pos + np.cumsum(steps)
-        run.rows["offset"] = (ends - steps + BLOCK).reshape(-1, nf)
-        run.rows["size"] = sizes.reshape(-1, nf)
+        first = np.repeat(is_first_entry(m // nf, self.pack), nf)[run.order]
+        member = np.cumsum(first) - 1
+        opens = np.flatnonzero(first)
+        msize = np.add.reduceat(sizes, opens)
+        pads = pad_lengths(msize)
+        steps = BLOCK + msize + pads
+        data_at = self._pos + np.cumsum(steps) - steps + BLOCK
+        before = np.cumsum(sizes) - sizes
+        offsets = data_at[member] + before - before[opens][member]
+        flat = run.rows.reshape(-1)
+        flat["offset"][run.order] = offsets
+        flat["size"][run.order] = sizes
         prefixes = run.prefixes or []
         plen = np.fromiter(map(len, prefixes), np.int64, len(prefixes)) if prefixes else np.zeros(m, np.int64)
         width = 2 * BLOCK + int(plen.max())
-        gaps = np.zeros((m, width), np.uint8)  # row i: [zeros][tar header i][.npy header i]
-        gaps[:, BLOCK : 2 * BLOCK] = tar_headers([k + s.suffix for k in keys for s in self._specs], sizes)
+        gaps = np.zeros((m, width), np.uint8)  # row i: [zeros][tar header, for a member's first entry][prefix i]
+        gaps[opens, BLOCK : 2 * BLOCK] = tar_headers([k + s.suffix for k in group_keys for s in self._specs], msize)
         _place_prefixes(gaps, prefixes, plen)
         row_at = np.arange(m, dtype=np.int64) * width
-        starts = row_at + BLOCK - np.concatenate(([self._pad], pads[:-1]))
+        prev_pad = np.zeros(m, np.int64)
+        prev_pad[opens] = np.concatenate(([self._pad], pads[:-1]))
+        starts = row_at + np.where(first, BLOCK - prev_pad, 2 * BLOCK)
         stops = row_at + 2 * BLOCK + plen
         view = gaps.reshape(-1).data
         chunks: list[Any] = [None] * (2 * m)
         chunks[::2] = [view[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
         chunks[1::2] = run.bodies
-        return chunks, int(ends[-1]), int(pads[-1])
+        return chunks, int(data_at[-1] + msize[-1] + pads[-1]), int(pads[-1])
 
     def _write(self, data: Any) -> None:
         view = memoryview(data)
@@ -175,6 +221,7 @@ class ShardWriter:
 
     def close(self, sync: bool = True) -> ShardEntry:
         """Finish the tar, write the index, sync both and rename them into place."""
+        self.flush_pending()
         tail = bytes(self._pad) + END_OF_ARCHIVE
         self._sha.update(tail)
         self._write(tail)
@@ -211,6 +258,7 @@ class ShardWriter:
             index_sha256=hashlib.sha256(idx_data).hexdigest(),
             raw_bytes=self._raw_bytes,
             index_bytes=len(idx_data),
+            pack=self.pack,
         )
 
     def abort(self) -> None:

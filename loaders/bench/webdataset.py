@@ -1,9 +1,11 @@
 """The plain WebDataset reader over a cache's shards: what a WebDataset user writes for them.
 
 Tar members read in order by ``webdataset.WebDataset`` (split by worker),
-each sample decoded on its own (``.zst`` decompressed, ``.npy`` loaded with
-``allow_pickle=False``, ``.json`` parsed), batched by records with every array
-zero-padded to the batch's largest shape. ``cachebuild bench --compare``
+each sample decoded on its own (``.zst`` decompressed, all its frames; ``.npy``
+loaded with ``allow_pickle=False``, ``.json``/``.jsonl`` parsed) and, in a cache
+of packed members (a sample is a group of records), split back into records
+with the shard's sidecar index as the README's WebDataset snippet does; then
+batched by records with every array zero-padded to the batch's largest shape. ``cachebuild bench --compare``
 measures it next to the loader; ``benchmarks/peers.py`` uses the same
 functions, so there is one WebDataset reader in the project. Needs the
 ``webdataset`` package (imported when a pipeline is made).
@@ -23,7 +25,7 @@ import zstandard
 from cachebuild.errors import ConfigError
 from cachebuild.format.manifest import read_manifest
 
-__all__ = ["decode_sample", "pad_collate", "webdataset_pipeline", "webdataset_loader", "COUNT_KEY", "BYTES_KEY"]
+__all__ = ["decode_records", "pad_collate", "webdataset_pipeline", "webdataset_loader", "COUNT_KEY", "BYTES_KEY"]
 
 COUNT_KEY = "_samples"
 """Added by :func:`pad_collate`: samples (records) in the batch."""
@@ -32,22 +34,49 @@ BYTES_KEY = "_payload_bytes"
 """Added by :func:`pad_collate`: decoded array bytes in the batch (before padding)."""
 
 _DCTX: zstandard.ZstdDecompressor | None = None
+_SHARDS: dict[str, tuple[int, int, list[tuple[str, dict[str, Any]]], np.ndarray]] = {}
 
 
-def decode_sample(sample: dict[str, Any]) -> dict[str, Any]:
-    """One WebDataset sample: ``*.zst`` decompressed, ``*.npy`` -> array (never unpickles), ``*.json``/``json`` -> dict."""
+def _payload(key: str, value: bytes) -> tuple[str, bytes]:
+    """``key`` without ``.zst`` and the payload, every zstd frame decoded (a packed member holds one per record)."""
     global _DCTX
-    out: dict[str, Any] = {}
-    for key, value in sample.items():
-        if key.startswith("__"):
+    if not key.endswith(".zst"):
+        return key, value
+    _DCTX = _DCTX or zstandard.ZstdDecompressor()
+    return key[:-4], _DCTX.stream_reader(value, read_across_frames=True).read()
+
+
+def _shard_of(url: str) -> tuple[int, int, list[tuple[str, dict[str, Any]]], np.ndarray]:
+    """(first record, pack, manifest fields, sidecar index) of the shard at ``url``, read once per process."""
+    if url not in _SHARDS:
+        root, name = url.rsplit("/", 1)
+        with open(f"{root}/manifest.json") as fh:
+            m = json.load(fh)
+        e = next(s for s in m["shards"] if s["name"] == name)
+        _SHARDS[url] = e["first_record"], e.get("pack", 1), list(m["fields"].items()), np.load(f"{root}/{e['index']}")
+    return _SHARDS[url]
+
+
+def decode_records(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    """One WebDataset sample (a member group of ``pack`` records, or one record) -> its records, as
+    the README's WebDataset snippet splits them: stacked arrays row by row, ragged fields cut from
+    their flat concatenation by the index's shapes, JSON Lines line by line."""
+    first, pack, fields, index = _shard_of(sample["__url__"])
+    a = int(sample["__key__"]) - first
+    rows = index[a : a + pack]
+    out: list[dict[str, Any]] = [{} for _ in range(len(rows))]
+    for j, (field, schema) in enumerate(fields):
+        key = next(k for k in sample if k.split(".")[0] == field)
+        _, payload = _payload(key, sample[key])
+        if schema["dtype"] == "json":
+            for rec, line in zip(out, payload.split(b"\n")):
+                rec[field] = json.loads(line)
             continue
-        if key.endswith(".zst"):
-            _DCTX = _DCTX or zstandard.ZstdDecompressor()
-            key, value = key[:-4], _DCTX.decompress(value)
-        if key.endswith(".npy"):
-            out[key[:-4]] = np.load(io.BytesIO(value), allow_pickle=False)
-        elif key == "json" or key.endswith(".json"):
-            out[key[:-5] or "json"] = json.loads(value)
+        flat = np.load(io.BytesIO(payload), allow_pickle=False).reshape(-1)
+        shapes = rows["shape"][:, j, : schema["ndim"]]
+        ends = np.cumsum(np.prod(shapes, axis=1))
+        for rec, piece, shape in zip(out, np.split(flat, ends[:-1]), shapes):
+            rec[field] = piece.reshape(shape)
     return out
 
 
@@ -85,7 +114,7 @@ def webdataset_pipeline(cache_dir: str | Path, batch_records: int, shuffle: bool
     except ImportError:
         raise ConfigError("the WebDataset reader needs the webdataset package: pip install webdataset") from None
     urls = [str(Path(cache_dir) / s.name) for s in read_manifest(cache_dir).shards]
-    ds = wds.WebDataset(urls, shardshuffle=100 if shuffle else False, nodesplitter=None, workersplitter=wds.split_by_worker, empty_check=False, seed=seed).map(decode_sample)
+    ds = wds.WebDataset(urls, shardshuffle=100 if shuffle else False, nodesplitter=None, workersplitter=wds.split_by_worker, empty_check=False, seed=seed).map(decode_records).unlisted()
     if shuffle:
         ds = ds.shuffle(1000)
     return ds.batched(batch_records, collation_fn=pad_collate, partial=True)

@@ -1,0 +1,216 @@
+"""Packed members (several records per tar member, ``build.pack``): same records, same batches,
+plain tools still read the tar, smaller on disk, and damage is reported."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachebuild import FunctionSource, build
+from cachebuild.errors import ConfigError, ManifestError, ShardCorruptError
+from cachebuild.format.manifest import read_manifest
+from cachebuild.format.reader import open_cache
+from cachebuild.format.records import read_record
+from cachebuild.tools.verify import verify_cache
+from loaders import ShardStream
+
+FIELDS = {"seg": "float16", "label": "int16", "tokens": "int32", "meta": "json"}
+
+
+def small_block(rng: np.random.Generator, start: int, stop: int) -> dict:
+    """Small records: a [8, 16] float16 segment, a 0-d label, a ragged token list and JSON."""
+    n = stop - start
+    seg = np.cumsum(rng.standard_normal((n, 8, 16)), axis=2).astype(np.float16)
+    lengths = rng.integers(1, 40, n)
+    tokens = [rng.integers(0, 1000, int(k)).astype(np.int32) for k in lengths]
+    labels = (np.arange(start, stop) % 7).astype(np.int16)
+    return {"seg": seg, "label": list(labels), "tokens": tokens, "meta": [{"id": int(i), "len": int(k)} for i, k in zip(range(start, stop), lengths)]}
+
+
+SOURCE = FunctionSource.per_block(small_block, FIELDS)
+
+
+def _build(root: Path, pack: int, codec: str = "zstd", records: int = 301, **kw) -> Path:
+    out = root / f"{codec}-p{pack}"
+    build(SOURCE, out, records=records, pack=pack, codec=codec, progress=False, shard_mb=0.05, backend="threading", **kw)
+    return out
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
+    root = tmp_path_factory.mktemp("packing")
+    return {(c, p): _build(root, p, c) for c in ("zstd", "none") for p in (1, 8)}
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_packed_records_equal_unpacked(caches: dict, codec: str) -> None:
+    one, packed = open_cache(caches[(codec, 1)]), open_cache(caches[(codec, 8)])
+    assert packed.manifest.records == one.manifest.records == 301
+    for rid in (0, 1, 7, 8, 63, 64, 150, 299, 300):
+        a, b = read_record(one, rid, strict=True), read_record(packed, rid, strict=True)
+        assert a["meta"] == b["meta"] and a["meta"]["id"] == rid
+        for name in ("seg", "label", "tokens"):
+            np.testing.assert_array_equal(a[name], b[name])
+            assert a[name].dtype == b[name].dtype
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_packed_batches_equal_unpacked(caches: dict, codec: str) -> None:
+    def batches(path: Path) -> list[dict]:
+        return list(ShardStream(str(path), view="records", batch_size=32, shuffle=True, seed=3))
+
+    for x, y in zip(batches(caches[(codec, 1)]), batches(caches[(codec, 8)]), strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            if hasattr(x[k], "numpy"):
+                np.testing.assert_array_equal(x[k].numpy(), y[k].numpy())
+
+
+def test_manifest_says_pack_and_version(caches: dict) -> None:
+    doc1 = json.loads((caches[("zstd", 1)] / "manifest.json").read_text())
+    doc8 = json.loads((caches[("zstd", 8)] / "manifest.json").read_text())
+    assert doc1["version"] == 1 and all("pack" not in s for s in doc1["shards"]) and "pack" not in doc1["codec"]
+    assert doc8["version"] == 3 and all(s["pack"] == 8 for s in doc8["shards"]) and doc8["codec"]["pack"] == 8
+
+
+def test_packed_verify_ok(caches: dict) -> None:
+    for path in caches.values():
+        report = verify_cache(path)
+        assert report.ok, report
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None or shutil.which("tar") is None, reason="needs the tar and zstd tools")
+def test_tar_and_zstd_tools_recover_group_arrays(caches: dict, tmp_path: Path) -> None:
+    """`tar -x` + `zstd -d` give one .npy per field and group (stacked, or flat for ragged) and JSON Lines."""
+    cache = caches[("zstd", 8)]
+    shard = read_manifest(cache).shards[0]
+    subprocess.run(["tar", "-xf", str(cache / shard.name), "-C", str(tmp_path)], check=True)
+    subprocess.run(["zstd", "-qd", "--rm", *sorted(str(p) for p in tmp_path.glob("*.zst"))], check=True)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names[:4] == ["0000000000.label.npy", "0000000000.meta.jsonl", "0000000000.seg.npy", "0000000000.tokens.npy"]
+    assert len(names) == 4 * -(-shard.records // 8)
+    want = small_block(np.random.default_rng(), 0, 1)  # (only for dtypes)
+    shards = open_cache(cache)
+    recs = [read_record(shards, i) for i in range(8)]
+    seg = np.load(tmp_path / "0000000000.seg.npy")
+    assert seg.shape == (8, 8, 16) and seg.dtype == want["seg"].dtype
+    np.testing.assert_array_equal(seg, np.stack([r["seg"] for r in recs]))
+    np.testing.assert_array_equal(np.load(tmp_path / "0000000000.label.npy"), [r["label"] for r in recs])
+    np.testing.assert_array_equal(np.load(tmp_path / "0000000000.tokens.npy"), np.concatenate([r["tokens"] for r in recs]))
+    lines = (tmp_path / "0000000000.meta.jsonl").read_text().split("\n")
+    assert [json.loads(line) for line in lines] == [r["meta"] for r in recs]
+
+
+def test_python_tarfile_reads_raw_packed_shard(caches: dict) -> None:
+    cache = caches[("none", 8)]
+    shard = read_manifest(cache).shards[-1]
+    with tarfile.open(cache / shard.name) as tf:
+        members = tf.getmembers()
+        last = [m for m in members if m.name.endswith(".seg.npy")][-1]
+        arr = np.load(io.BytesIO(tf.extractfile(last).read()))
+    first = int(last.name.split(".")[0])
+    assert arr.shape == (shard.first_record + shard.records - first, 8, 16)
+    np.testing.assert_array_equal(arr[-1], read_record(open_cache(cache), shard.first_record + shard.records - 1)["seg"])
+
+
+def test_packing_stores_small_records_in_fewer_bytes(caches: dict) -> None:
+    def stored(path: Path) -> int:
+        return sum(p.stat().st_size for p in path.glob("shard-*.tar"))
+
+    for codec in ("zstd", "none"):
+        one, packed = stored(caches[(codec, 1)]), stored(caches[(codec, 8)])
+        assert packed < 0.5 * one, (codec, one, packed)  # 4 members of >= 1 KB each per record before
+
+
+def test_same_bytes_for_any_worker_count(tmp_path: Path) -> None:
+    a = _build(tmp_path / "a", 8, records=700, workers=1)
+    b = _build(tmp_path / "b", 8, records=700, workers=2)
+    tars = sorted(p.name for p in a.glob("shard-*.tar"))
+    assert len(tars) > 1
+    for name in tars:
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 5000, 2.5, "8", True])
+def test_bad_pack_is_refused(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ConfigError, match="pack"):
+        build(SOURCE, tmp_path / "c", records=10, pack=bad, progress=False)  # type: ignore[arg-type]
+    assert not (tmp_path / "c").exists()
+
+
+def test_recipe_build_pack_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"build\.pack.*0"):
+        build({"kind": "causal", "graphs": 10, "build": {"pack": 0}}, tmp_path / "c", progress=False)
+    summary = build({"kind": "causal", "graphs": 40, "build": {"pack": 16}}, tmp_path / "ok", progress=False)
+    assert summary
+    assert {s.pack for s in read_manifest(tmp_path / "ok").shards} == {16}
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_manifest_with_bad_pack_is_refused(caches: dict, tmp_path: Path) -> None:
+    cache = _copy(caches[("zstd", 8)], tmp_path / "c")
+    doc = json.loads((cache / "manifest.json").read_text())
+    doc["shards"][0]["pack"] = 0
+    (cache / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match=r"shards\[0\]\.pack"):
+        read_manifest(cache)
+    doc["shards"][0]["pack"], doc["version"] = 8, 1
+    (cache / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="needs format version 3"):
+        read_manifest(cache)
+
+
+def test_wrong_pack_in_manifest_is_caught(caches: dict, tmp_path: Path) -> None:
+    """A manifest claiming another pack than the tar has: the index layout check refuses the shard."""
+    cache = _copy(caches[("zstd", 8)], tmp_path / "c")
+    doc = json.loads((cache / "manifest.json").read_text())
+    doc["shards"][0]["pack"] = 4
+    (cache / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(ShardCorruptError, match="gap inside its member|overlaps"):
+        read_record(open_cache(cache), 0)
+
+
+def test_renamed_packed_member_is_caught(caches: dict, tmp_path: Path) -> None:
+    cache = _copy(caches[("none", 8)], tmp_path / "c")
+    shard = read_manifest(cache).shards[0]
+    data = bytearray((cache / shard.name).read_bytes())
+    at = data.find(b"0000000008.seg.npy")
+    data[at : at + 10] = b"0000000009"
+    (cache / shard.name).write_bytes(bytes(data))
+    report = verify_cache(cache)
+    assert not report.ok
+    assert any("0000000008" in line and "0000000009.seg.npy" in line for line in report.faults)
+
+
+def test_stray_header_inside_group_is_caught(caches: dict, tmp_path: Path) -> None:
+    """An entry inside a packed member whose stored bytes start with something else than its data: strict read refuses it."""
+    cache = _copy(caches[("none", 8)], tmp_path / "c")
+    shards = open_cache(cache)
+    col = shards.index(0)[:, shards.field_pos["meta"]]
+    off = int(col[3]["offset"])
+    data = bytearray((cache / shards.manifest.shards[0].name).read_bytes())
+    assert data[off : off + 1] == b"\n"
+    data[off : off + 1] = b" "
+    (cache / shards.manifest.shards[0].name).write_bytes(bytes(data))
+    with pytest.raises(ShardCorruptError, match="stray bytes before the JSON text"):
+        read_record(open_cache(cache, verify="size"), 3, strict=True)
+
+
+def test_append_keeps_the_cache_pack(caches: dict, tmp_path: Path) -> None:
+    cache = _copy(caches[("zstd", 1)], tmp_path / "c")
+    build(SOURCE, cache, records=50, append=True, progress=False, backend="threading")  # default pack: the cache's 1 is kept
+    m = read_manifest(cache)
+    assert {s.pack for s in m.shards} == {1}
+    assert m.records == 351
+    assert verify_cache(cache).ok
