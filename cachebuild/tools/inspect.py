@@ -64,6 +64,14 @@ def generation_lines(m: Manifest, root: Path) -> list[str]:
     return lines
 
 
+def _pack_text(m: Manifest) -> str:
+    """``, 64 records per member`` (the shards' ``pack``; several values in a grown or mixed cache)."""
+    packs = sorted({s.pack for s in m.shards})
+    if not packs:
+        return ""
+    return f", {'/'.join(map(str, packs))} record{'s' if packs != [1] else ''} per member"
+
+
 def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
     """Lines describing the cache at ``root`` and record number ``record``."""
     root = Path(root)
@@ -74,7 +82,7 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
         f"cache      {root}",
         f"kind       {m.kind} (format v{m.version}, {m.created_by})",
         f"records    {m.records} in {len(m.shards)} shard{'' if len(m.shards) == 1 else 's'} (seed {m.seed})",
-        f"codec      {m.codec.name}" + (f" level {m.codec.level}" if m.codec.name == "zstd" else ""),
+        f"codec      {m.codec.name}" + (f" level {m.codec.level}" if m.codec.name == "zstd" else "") + _pack_text(m),
         f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, {ratio_text(raw / stored if stored else 0.0)}",
         *generation_lines(m, root),
     ]
