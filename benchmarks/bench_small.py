@@ -199,7 +199,8 @@ def storage_rows(cfgs: list[Config], datasets: list[str], payload: dict[tuple[st
                     continue
                 n, p = payload[(cfg.label, d, codec)]
                 disk = ours_disk_bytes(cache)
-                extra = f"; target >= 1.2; {p / disk / lit_ratio:.2f}x LitData's" if codec == "zstd" else ""
+                extra = "; target >= 1.2" if codec == "zstd" else ""
+                extra += f"; {p / disk / lit_ratio:.2f}x LitData's" if codec == "zstd" and ds in lit else ""
                 rows.append((f"stored {ds}: ours {cfg.label} {codec}", f"ratio {p / disk:.2f} ({p / 1e6:.1f} MB payload, {p / n:,.0f} B/record / {disk / 1e6:.1f} MB{extra})"))
     return rows
 
@@ -209,7 +210,9 @@ def speed_rows(cfgs: list[Config], runs: dict[str, list[float]], datasets: list[
     rows = [(f"read {name}", _fmt_runs(v)) for name, v in runs.items()]
     med = {k: statistics.median(v) for k, v in runs.items()}
     for ds in datasets:
-        lit = {w: med.get(f"{ds} litdata zstd w{w}", float("nan")) for w in workers}
+        if any(f"{ds} litdata zstd w{w}" not in med for w in workers):
+            continue
+        lit = {w: med[f"{ds} litdata zstd w{w}"] for w in workers}
         for cfg in cfgs:
             for codec in CODECS:
                 ours = {w: med.get(f"{ds} {cfg.label} {codec} w{w}") for w in workers}
@@ -267,6 +270,8 @@ def main() -> None:
     shutil.rmtree(args.root, ignore_errors=True)
     try:
         _run(args, datasets, codecs, workers, t0, load0)
+    except ConfigError as exc:  # a bad --set or recipe value: one line, as the CLI says it
+        raise SystemExit(f"error: {exc}") from None
     finally:
         shutil.rmtree(args.root, ignore_errors=True)
 
