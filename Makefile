@@ -14,7 +14,7 @@ help:
 	@echo "make lint            ruff: errors (unused or undefined names, bad defaults) in every package, test, benchmark and example"
 	@echo "make types           mypy: cachebuild and loaders (strict on the loader and the format; pyproject.toml [tool.mypy])"
 	@echo "make check           what CI runs: lint, types, tests"
-	@echo "make bench           every benchmark of this tree, peers included (appends to benchmarks/RESULTS.md; ~20 min)"
+	@echo "make bench           every benchmark of this tree, peers included (appends to benchmarks/RESULTS.md; ~25 min)"
 	@echo "make bench-quick     every benchmark in its quick mode (BENCH_QUICK=1: tiny caches, short runs, nothing recorded; < 2 min)"
 	@echo "make gpu-check       on a CUDA machine: the gpu tests + benchmarks/bench_gpu.py -> benchmarks/gpu-check/gpu-check.md"
 	@echo "make ramdisk-stage   copy CACHE=$(CACHE) into /dev/shm/cachebuild/<name> and verify it"

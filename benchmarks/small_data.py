@@ -90,10 +90,16 @@ def log_mels(rng: np.random.Generator, n: int, n_mels: int = 32, frames: int = 3
     return np.log(mel + 1e-6).transpose(0, 2, 1).astype(np.float16)
 
 
-def _tokens(rng: np.random.Generator, n: int, min_tokens: int, max_tokens: int, vocab: int) -> list[np.ndarray]:
-    lengths = rng.integers(min_tokens, max_tokens + 1, n)
+@lru_cache(maxsize=4)
+def _zipf(vocab: int) -> np.ndarray:
     p = 1.0 / np.arange(1, vocab + 1) ** 1.1
-    flat = rng.choice(vocab, size=int(lengths.sum()), p=p / p.sum()).astype(np.int32)
+    return p / p.sum()
+
+
+def _tokens(rng: np.random.Generator, n: int, min_tokens: int, max_tokens: int, vocab: int) -> list[np.ndarray]:
+    """``n`` sequences of ``min_tokens..max_tokens`` Zipf-distributed ids: one draw for the whole block, then split."""
+    lengths = rng.integers(min_tokens, max_tokens + 1, n)
+    flat = rng.choice(vocab, size=int(lengths.sum()), p=_zipf(vocab)).astype(np.int32)
     return np.split(flat, np.cumsum(lengths)[:-1])
 
 
