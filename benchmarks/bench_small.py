@@ -219,22 +219,24 @@ def storage_rows(cfgs: list[Config], datasets: list[str], payload: dict[tuple[st
 
 
 def speed_rows(cfgs: list[Config], runs: dict[str, list[float]], datasets: list[str], workers: list[int]) -> list[tuple[str, str]]:
-    """Medians of every case, then ours / LitData (same workers, and best of workers on each side)."""
+    """Medians of every case, then ours / LitData: at the same workers (LitData's default decoding),
+    and best of ours / best of LitData (any workers, ``batch_decode`` auto or False)."""
     rows = [(f"read {name}", _fmt_runs(v)) for name, v in runs.items()]
     med = {k: statistics.median(v) for k, v in runs.items()}
     for ds in datasets:
         if any(f"{ds} litdata zstd w{w}" not in med for w in workers):
             continue
         lit = {w: med[f"{ds} litdata zstd w{w}"] for w in workers}
+        lit_best = max(v for k, v in med.items() if k.startswith(f"{ds} litdata zstd "))  # batch_decode=False too
         for cfg in cfgs:
             for codec in CODECS:
                 ours = {w: med.get(f"{ds} {cfg.label} {codec} w{w}") for w in workers}
                 if None in ours.values():
                     continue
                 per_w = ", ".join(f"w{w} {ours[w] / lit[w]:.2f}x" for w in workers)
-                best = max(ours.values()) / max(lit.values())
+                best = max(ours.values()) / lit_best
                 target = " (target >= 3x)" if codec == "zstd" else ""
-                rows.append((f"speed {ds}: ours {cfg.label} {codec} / LitData zstd", f"{per_w}; best of workers {best:.2f}x{target}"))
+                rows.append((f"speed {ds}: ours {cfg.label} {codec} / LitData zstd", f"{per_w}; best / best {best:.2f}x{target}"))
     return rows
 
 
@@ -254,12 +256,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--limit-records", type=int, default=20_000, help="records per cache for the decompression limit")
     ap.add_argument("--root", type=Path, default=Path("/dev/shm/cachebuild-bench-small"))
     ap.add_argument("--skip-litdata", action="store_true")
+    ap.add_argument("--litdata-per-sample", action=argparse.BooleanOptionalAction, default=True, help="also LitData with workers and batch_decode=False")
     quick_defaults(ap, records=600, rounds=1, seconds=0.3, limit_records=300, root=Path("/dev/shm/cachebuild-bench-small-quick"))
     return ap.parse_args()
 
 
-def _cases(cfgs: list[Config], lit: dict[str, Path], payload: dict, datasets: list[str], workers: list[int], batch: int) -> list[Case]:
-    """Our reader on every cache and LitData on every dataset, at each worker count, grouped by dataset."""
+def _cases(cfgs: list[Config], lit: dict[str, Path], payload: dict, datasets: list[str], workers: list[int], batch: int, per_sample: bool) -> list[Case]:
+    """Our reader on every cache and LitData on every dataset, at each worker count, grouped by dataset;
+    with ``per_sample``, LitData with workers also with ``batch_decode=False`` (no window re-decoding)."""
     cases: list[Case] = []
     for ds in datasets:
         for w in workers:
@@ -270,6 +274,8 @@ def _cases(cfgs: list[Config], lit: dict[str, Path], payload: dict, datasets: li
                         cases.append((f"{ds} {cfg.label} {codec} w{w}", lambda s, c=cache, w=w, per=p / n: ours_rate(c, w, batch, s, per)))
             if ds in lit:
                 cases.append((f"{ds} litdata zstd w{w}", lambda s, o=lit[ds], w=w: peers.litdata_rate(o, w, batch, s)))
+                if per_sample and w > 0:
+                    cases.append((f"{ds} litdata zstd w{w} batch_decode=False", lambda s, o=lit[ds], w=w: peers.litdata_rate(o, w, batch, s, batch_decode=False)))
     return cases
 
 
@@ -302,7 +308,7 @@ def _run(args: argparse.Namespace, datasets: list[str], codecs: list[str], worke
     lit = {} if args.skip_litdata else litdata_sets(datasets, cfgs[0], args.root) if "zstd" in codecs else {}
     lit_payload = {ds: payload[(cfgs[0].label, ds, "zstd")][1] for ds in lit}
     t_build = time.time() - t0
-    runs = run_rounds(_cases(cfgs, lit, payload, datasets, workers, args.batch), args.rounds, args.seconds)
+    runs = run_rounds(_cases(cfgs, lit, payload, datasets, workers, args.batch, args.litdata_per_sample), args.rounds, args.seconds)
     lim = limits(cfgs, os.cpu_count() or 1, args.limit_records)
     rows = storage_rows(cfgs, datasets, payload, lit, lit_payload) + speed_rows(cfgs, runs, datasets, workers)
     rows += [(f"limit {k}", v) for k, v in lim.items()]
@@ -312,7 +318,8 @@ def _run(args: argparse.Namespace, datasets: list[str], codecs: list[str], worke
         "stored ratio = payload (arrays' nbytes + compact JSON text) / bytes on disk (ours: shard tars + indexes + manifest.json; LitData: chunks + index.json)",
         f"read: batch {args.batch}, shuffle on, {args.seconds:g} s per reader after warm-up, {args.rounds} interleaved rounds, medians (runs in brackets); "
         "ours = ShardStream(view='records') + make_loader (ragged fields padded to the cache max, with masks; JSON not batched); "
-        "LitData = StreamingDataset + StreamingDataLoader (batch_decode='auto', pad_collate to the batch max; its JSON string decoded, not batched)",
+        "LitData = StreamingDataset + StreamingDataLoader (batch_decode='auto' unless it says False, pad_collate to the batch max; its JSON string decoded, not batched); "
+        "ours / LitData: at the same workers (LitData's default decoding), and best of ours over best of LitData's runs",
         *[f"{c.label}: {c.note}" for c in cfgs if c.note],
         *[f"{s}: skipped, build.pack is not accepted by this code" for s in skipped],
         f"--set {' '.join(args.sets)}" if args.sets else "no --set overrides",

@@ -72,7 +72,9 @@ def _audio(rng: np.random.Generator, n: int, samples: int) -> np.ndarray:
         tone += cur / f32(k)
     on = rng.random((n, 1)) < 0.7
     tone *= np.exp(-np.maximum(t - onset, 0) / decay) * ((t >= onset) & on)
-    spec = np.fft.rfft(rng.standard_normal((n, samples), dtype=f32), axis=1)
+    bins = samples // 2 + 1  # white noise, made in the frequency domain (its spectrum is complex Gaussian)
+    spec = np.empty((n, bins), np.complex64)
+    spec.real, spec.imag = rng.standard_normal((2, n, bins), dtype=f32) * f32(np.sqrt(samples / 2))
     cutoff = np.exp(rng.uniform(np.log(300.0), np.log(6000.0), (n, 1))).astype(f32)
     spec *= 1 / np.sqrt(1 + (np.fft.rfftfreq(samples, 1 / SR).astype(f32) / cutoff) ** 4)  # 2nd-order low-pass
     noise = np.fft.irfft(spec, samples, axis=1)
