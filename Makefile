@@ -14,7 +14,7 @@ help:
 	@echo "make lint            ruff: errors (unused or undefined names, bad defaults) in every package, test, benchmark and example"
 	@echo "make types           mypy: cachebuild and loaders (strict on the loader and the format; pyproject.toml [tool.mypy])"
 	@echo "make check           what CI runs: lint, types, tests"
-	@echo "make bench           every benchmark of this tree, peers included (appends to benchmarks/RESULTS.md; ~20 min)"
+	@echo "make bench           every benchmark of this tree, peers included (appends to benchmarks/RESULTS.md; ~25 min)"
 	@echo "make bench-quick     every benchmark in its quick mode (BENCH_QUICK=1: tiny caches, short runs, nothing recorded; < 2 min)"
 	@echo "make gpu-check       on a CUDA machine: the gpu tests + benchmarks/bench_gpu.py -> benchmarks/gpu-check/gpu-check.md"
 	@echo "make ramdisk-stage   copy CACHE=$(CACHE) into /dev/shm/cachebuild/<name> and verify it"
@@ -58,7 +58,7 @@ bench-deps: venv
 	$(BIN)/python -m pip install -q -c benchmarks/constraints.txt --no-deps 'litdata==0.2.76'
 
 # bench_decode and bench_mix compare against an older code tree (--old DIR); bench_gpu needs CUDA (make gpu-check).
-BENCHES = bench_build bench_load bench_mel bench_feed bench_remote bench_mixture
+BENCHES = bench_build bench_load bench_mel bench_feed bench_remote bench_mixture bench_small
 
 bench: bench-deps
 	set -e; for b in $(BENCHES); do $(BIN)/python benchmarks/$$b.py; done

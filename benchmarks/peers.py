@@ -59,6 +59,7 @@ __all__ = [
     "installed",
     "litdata_prepare",
     "litdata_prepare_mel_segments",
+    "litdata_optimize",
     "litdata_rate",
     "decompression_limit",
     "onthefly_vectorised_rate",
@@ -224,28 +225,34 @@ def _tasks(cache_dir: str | Path, records_per_task: int = 256) -> list[tuple[str
 
 
 def _optimize(fn: Callable, cache_dir: str | Path, out_dir: str | Path, compression: str | None, level: str | None) -> Path:
-    """Run ``litdata.optimize`` in a fresh (spawned) process and return ``out_dir``.
+    """``litdata.optimize`` of ``fn`` over the cache's record ranges (:func:`_tasks`)."""
+    return litdata_optimize(fn, _tasks(cache_dir), out_dir, compression, level)
 
-    After ``litdata.optimize`` has run in a process, DataLoader workers later
-    forked from it abort at exit ("terminate called without an active
-    exception"), so the benchmark process itself never calls it.
+
+def litdata_optimize(fn: Callable, inputs: list, out_dir: str | Path, compression: str | None, compression_level: str | None = None) -> Path:
+    """Run ``litdata.optimize(fn, inputs)`` in a fresh (spawned) process and return ``out_dir``.
+
+    ``fn`` (importable: module level) yields the samples of one input; chunks of
+    ~64 MB, 2 workers. After ``litdata.optimize`` has run in a process,
+    DataLoader workers later forked from it abort at exit ("terminate called
+    without an active exception"), so the benchmark process itself never calls it.
     """
     import multiprocessing
 
-    proc = multiprocessing.get_context("spawn").Process(target=_optimize_here, args=(fn, str(cache_dir), str(out_dir), compression, level))
+    proc = multiprocessing.get_context("spawn").Process(target=_optimize_here, args=(fn, inputs, str(out_dir), compression, compression_level))
     proc.start()
     proc.join()
     if proc.exitcode != 0:
-        raise RuntimeError(f"litdata.optimize of {cache_dir} into {out_dir} failed (exit code {proc.exitcode})")
+        raise RuntimeError(f"litdata.optimize into {out_dir} failed (exit code {proc.exitcode})")
     return Path(out_dir)
 
 
-def _optimize_here(fn: Callable, cache_dir: str, out_dir: str, compression: str | None, level: str | None) -> None:
+def _optimize_here(fn: Callable, inputs: list, out_dir: str, compression: str | None, level: str | None) -> None:
     import litdata
 
     litdata.optimize(
         fn=fn,
-        inputs=_tasks(cache_dir),
+        inputs=inputs,
         output_dir=out_dir,
         chunk_bytes="64MB",
         num_workers=2,
