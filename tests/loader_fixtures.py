@@ -70,7 +70,10 @@ class Reference:
         zst = self.manifest.codec.name == "zstd"
         local = rid - entry.first_record
         key, i = entry.first_record + local // entry.pack * entry.pack, local % entry.pack
-        rows = np.load(self.root / entry.index)[key - entry.first_record :][: entry.pack]
+        raw_index = (self.root / entry.index).read_bytes()  # .idx.npy, or one zstd frame (.idx.npy.zst)
+        if entry.index.endswith(".zst"):
+            raw_index = zstandard.ZstdDecompressor().decompress(raw_index)
+        rows = np.load(io.BytesIO(raw_index))[key - entry.first_record :][: entry.pack]
         out: dict[str, Any] = {}
         for j, f in enumerate(self.manifest.fields):
             packed_json = ".jsonl" if entry.pack > 1 else ""

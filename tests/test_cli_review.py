@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from cachebuild.format.manifest import read_manifest
 from click.testing import CliRunner
 
 from cachebuild.cli import main
@@ -151,7 +153,7 @@ def test_a_rerun_rebuilds_shards_that_were_truncated_or_deleted(tmp_path):
     assert len(shards) >= 3
     with open(shards[1], "r+b") as fh:
         fh.truncate(1000)
-    (out / shards[2].name.replace(".tar", ".idx.npy")).unlink()
+    (out / read_manifest(out).shards[2].index).unlink()
     r = _gen(out)
     assert r.exit_code == 0 and "2 built" in r.output, r.output
     assert {p.name: p.read_bytes() for p in out.glob("shard-*") if not p.name.endswith(".json")} == ref

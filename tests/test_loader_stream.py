@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cachebuild.format.index import load_index
+
 from cachebuild.errors import ManifestError, ShardCorruptError
 from cachebuild.format import read_manifest
 from cachebuild.format.names import record_key
@@ -134,7 +136,7 @@ def _payload_span(root: Path, record: int, field: str) -> tuple[Path, int, int]:
     m = read_manifest(root)
     ref = Reference(root)
     s = ref.shard_of(record)
-    idx = np.load(root / m.shards[s].index)
+    idx = load_index(root / m.shards[s].index)
     e = idx[record - m.shards[s].first_record, m.field_names.index(field)]
     return root / m.shards[s].name, int(e["offset"]), int(e["size"])
 

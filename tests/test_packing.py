@@ -214,3 +214,15 @@ def test_append_keeps_the_cache_pack(caches: dict, tmp_path: Path) -> None:
     assert {s.pack for s in m.shards} == {1}
     assert m.records == 351
     assert verify_cache(cache).ok
+
+
+def test_large_records_get_smaller_groups(tmp_path: Path) -> None:
+    """A group stays within MEMBER_BYTES by the source's size estimate (1 MiB records: 16 per member)."""
+    from cachebuild.format.packing import MEMBER_BYTES, effective_pack
+
+    assert effective_pack(256, 2050) == 256 and effective_pack(256, 1 << 20) == MEMBER_BYTES >> 20 and effective_pack(256, 1 << 30) == 1
+    src = FunctionSource.per_block(small_block, FIELDS, record_bytes=1 << 20)
+    build(src, tmp_path / "c", records=40, progress=False, backend="threading")
+    m = read_manifest(tmp_path / "c")
+    assert {s.pack for s in m.shards} == {16} and m.codec.pack == 16
+    assert verify_cache(tmp_path / "c").ok

@@ -35,7 +35,7 @@ def user_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    names = sorted(p.name for p in root.iterdir() if p.name.endswith((".tar", ".idx.npy")) or p.name == "manifest.json")
+    names = sorted(p.name for p in root.iterdir() if p.name.endswith((".tar", ".idx.npy", ".idx.npy.zst")) or p.name == "manifest.json")
     return {n: (root / n).read_bytes() for n in names}
 
 

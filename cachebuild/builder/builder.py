@@ -10,11 +10,10 @@ verify.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -30,11 +29,12 @@ from cachebuild.builder.output import LocalOutput, Output, open_output
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
 from cachebuild.builder.source import RecordSource
 from cachebuild.checks import MAX_RECORDS, MAX_SHARDS
-from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
+from cachebuild.errors import CacheMismatchError, ConfigError, OutputError, ShardCorruptError
 from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.codec import Codec
 from cachebuild.format.generations import GENERATIONS_DIR
-from cachebuild.format.index import INDEX_DTYPE
+from cachebuild.format.index import index_from_bytes
+from cachebuild.format.packing import effective_pack
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
@@ -281,6 +281,7 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
     record_bytes = source.estimated_record_bytes()
     if record_bytes > MAX_MEMBER_BYTES:
         raise ConfigError(f"one record would take about {record_bytes} bytes, more than the {MAX_MEMBER_BYTES}-byte limit of a member: check the recipe's sizes (samples, nodes, segments)")
+    opts = replace(opts, codec=replace(opts.codec, pack=effective_pack(opts.codec.pack, record_bytes)))
     per_shard = records_per_shard(opts.records, opts.shard_bytes, record_bytes)
     n_shards = -(-opts.records // per_shard)
     if n_shards > MAX_SHARDS:
@@ -335,19 +336,11 @@ def _index_of(shard: ShardEntry) -> int:
 
 
 def _load_index(out: Output, name: str) -> np.ndarray:
-    """A shard's index as a view of the file's bytes (``np.load`` of a stream copies it in 256 KB steps)."""
-    data = out.read_bytes(name)
-    buf = io.BytesIO(data)
+    """A shard's index (plain or compressed) as a view of the file's bytes (``np.load`` of a stream copies it in 256 KB steps)."""
     try:
-        version = np.lib.format.read_magic(buf)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read_header(buf)
-    except (ValueError, SyntaxError) as exc:
-        raise OutputError(f"index {out.location}/{name} is unreadable ({exc})") from exc
-    count = int(np.prod(shape))
-    if dtype != INDEX_DTYPE or fortran or len(shape) != 2 or len(data) - buf.tell() != count * INDEX_DTYPE.itemsize:
-        raise OutputError(f"index {out.location}/{name} has an unexpected layout")
-    return np.frombuffer(data, INDEX_DTYPE, count, buf.tell()).reshape(shape)
+        return index_from_bytes(out.read_bytes(name), f"{out.location}/{name}")
+    except ShardCorruptError as exc:
+        raise OutputError(str(exc)) from exc
 
 
 def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output, shards: list[ShardEntry], fingerprint: str, per_shard: int) -> None:

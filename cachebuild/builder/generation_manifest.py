@@ -14,7 +14,6 @@ a reader of one generation is a reader of one cache.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,11 @@ import numpy as np
 
 from cachebuild.builder.determinism import build_environment
 from cachebuild.builder.markers import done_name
-from cachebuild.errors import OutputError
+from cachebuild.errors import OutputError, ShardCorruptError
 from cachebuild.format.atomic import atomic_write_bytes
 from cachebuild.format.generations import GENERATIONS_DIR, GROWN_VERSION, generation_of, snapshot_path
-from cachebuild.format.index import INDEX_DTYPE
+from cachebuild.format.index import load_index
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
-from cachebuild.format.names import index_name
 
 __all__ = ["generation_table", "shard_number", "commit_generation", "listed_generations", "shard_files", "APPEND_RECORD"]
 
@@ -51,10 +49,10 @@ def listed_generations(manifest: Manifest) -> list[int]:
 
 
 def _load_index(root: Path, name: str) -> np.ndarray:
-    index = np.load(io.BytesIO((root / name).read_bytes()), allow_pickle=False)
-    if index.dtype != INDEX_DTYPE:
-        raise OutputError(f"index {root / name} has an unexpected layout")
-    return index
+    try:
+        return load_index(root / name)
+    except ShardCorruptError as exc:
+        raise OutputError(str(exc)) from exc
 
 
 def _next_manifest(root: Path, old: Manifest, new: list[ShardEntry], entry: dict[str, Any], keep: int | None) -> Manifest:
@@ -101,6 +99,6 @@ APPEND_RECORD = f"{GENERATIONS_DIR}/append.json"
 """An unfinished append's record (its plan), removed when the generation is committed."""
 
 
-def shard_files(name: str) -> tuple[str, str, str]:
+def shard_files(shard: ShardEntry) -> tuple[str, str, str]:
     """The three files of a shard: tar, index, done marker."""
-    return name, index_name(name), done_name(name)
+    return shard.name, shard.index, done_name(shard.name)

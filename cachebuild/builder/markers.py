@@ -14,7 +14,6 @@ from typing import Any
 
 from cachebuild.format.atomic import atomic_write_bytes
 from cachebuild.format.manifest import ShardEntry
-from cachebuild.format.names import index_name
 
 __all__ = ["BUILD_RECORD", "done_name", "write_done", "read_valid_done", "file_sha256", "write_json", "read_json"]
 
@@ -66,8 +65,8 @@ def read_valid_done(output: Any, name: str, fingerprint: str, deep: bool = True)
         shard = ShardEntry(**doc["shard"])
     except (KeyError, TypeError):
         return None
-    if output.size(name) != shard.bytes or output.size(index_name(name)) is None:
+    if shard.name != name or output.size(name) != shard.bytes or output.size(shard.index) is None:
         return None
-    if deep and (output.sha256(name) != shard.sha256 or output.sha256(index_name(name)) != shard.index_sha256):
+    if deep and (output.sha256(name) != shard.sha256 or output.sha256(shard.index) != shard.index_sha256):
         return None
     return shard

@@ -55,7 +55,7 @@ def _snapshots(root: Path) -> list[int]:
 
 
 def _names(m: Manifest) -> set[str]:
-    return {n for s in m.shards for n in shard_files(s.name)}
+    return {n for s in m.shards for n in shard_files(s)}
 
 
 def prune_unlocked(root: str | Path) -> PruneReport:

@@ -42,7 +42,9 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @_workers_option
 @click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec: zstd, or none (raw, for tmpfs) [default: zstd].")
 @click.option("--level", type=int, default=None, help="zstd level [default: 1: as small as level 3 on causal data, faster].")
-@click.option("--pack", type=int, default=None, metavar="N", help="Records per tar member (build.pack) [default: 64; 1: one member per record and field, the layout of format v1].")
+@click.option(
+    "--pack", type=int, default=None, metavar="N", help="Records per tar member (build.pack) [default: 256, fewer if that passes 16 MB; 1: one member per record and field, the layout of format v1]."
+)
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--family", type=click.Choice(FAMILIES), default=None, help="Graph family (graph.family).")
 @click.option("--n-min", type=int, default=None, help="Smallest graph size (graph.n_min).")
@@ -107,7 +109,7 @@ def generate_command(**o: Any) -> None:
 @_workers_option
 @click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec [default: none: mel compresses ~1.2x while zstd halves read speed; zstd for remote storage].")
 @click.option("--level", type=int, default=None, help="zstd level [default: 1].")
-@click.option("--pack", type=int, default=None, metavar="N", help="Records per tar member (build.pack) [default: 64; 1: one member per file and field].")
+@click.option("--pack", type=int, default=None, metavar="N", help="Records per tar member (build.pack) [default: 256, fewer if that passes 16 MB; 1: one member per file and field].")
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--h5-dataset", "h5_datasets", multiple=True, metavar="ROLE=NAME", help="Rename an HDF5 dataset: labels=..., mel=..., waveform=... (repeatable).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set n_mels=128 (repeatable).")

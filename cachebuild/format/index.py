@@ -1,7 +1,9 @@
 """The sidecar index of a shard: where each member's payload lies and what it decodes to.
 
 One ``.idx.npy`` file per shard holds a structured array of shape
-``[records, fields]`` (field order = the manifest's field order). With the tar
+``[records, fields]`` (field order = the manifest's field order); a shard of
+packed members (:mod:`cachebuild.format.packing`) stores the same ``.npy`` as
+one zstd frame, ``.idx.npy.zst`` (``zstd -d`` gives the ``.idx.npy``). With the tar
 memory-mapped, record ``r``'s field ``f`` is the slice
 ``tar[offset : offset + size]``; decoded, its last ``nbytes`` bytes are the array
 data (the ``.npy`` header precedes them), of shape ``shape[:ndim]``.
@@ -13,10 +15,15 @@ import io
 from pathlib import Path
 
 import numpy as np
+import zstandard
 
 from cachebuild.errors import ShardCorruptError
 
-__all__ = ["INDEX_DTYPE", "MAX_NDIM", "load_index", "index_bytes"]
+__all__ = ["INDEX_DTYPE", "MAX_NDIM", "load_index", "index_bytes", "index_from_bytes", "compress_index"]
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_MAX_HEADER = 10000
+_MAX_INDEX_BYTES = 1 << 34  # a compressed index may declare at most this (a shard's records x fields bound it first)
 
 MAX_NDIM = 5
 
@@ -39,26 +46,50 @@ def index_bytes(index: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def compress_index(data: bytes) -> bytes:
+    """A packed shard's index file: the ``.npy`` bytes as one zstd frame (size and checksum in it)."""
+    return zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True).compress(data)
+
+
 def load_index(path: str | Path, n_fields: int | None = None, records: int | None = None) -> np.ndarray:
-    """Read a shard index, checking its header (dtype, rank, shape against ``records`` and
-    ``n_fields`` and the file's size) before reading any data; errors name the file."""
+    """Read a shard index (plain or zstd-compressed), checking its header (dtype, rank, shape against
+    ``records`` and ``n_fields`` and the file's size) before trusting any entry; errors name the file."""
     with open(path, "rb") as fh:  # FileNotFoundError passes through
-        try:
-            version = np.lib.format.read_magic(fh)
-            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, fortran, dtype = reader(fh, max_header_size=10000)
-        except (ValueError, TypeError, SyntaxError) as exc:  # numpy raises several types for a malformed header
-            raise ShardCorruptError(f"index {path}: unreadable ({exc})") from exc
-        if dtype != INDEX_DTYPE or len(shape) != 2 or fortran:
-            raise ShardCorruptError(f"index {path}: unexpected layout dtype={dtype} shape={list(shape)} fortran_order={fortran}")
-        if n_fields is not None and shape[1] != n_fields:
-            raise ShardCorruptError(f"index {path}: has {shape[1]} fields, manifest lists {n_fields}")
-        if records is not None and shape[0] != records:
-            raise ShardCorruptError(f"index {path}: {shape[0]} records, manifest says {records}")
-        start = fh.tell()
-        size = fh.seek(0, 2)
-        want = int(shape[0]) * int(shape[1]) * INDEX_DTYPE.itemsize
-        if size - start != want:
-            raise ShardCorruptError(f"index {path}: {size - start} bytes of entries, its header promises {want} (truncated or corrupt)")
-        fh.seek(start)
-        return np.fromfile(fh, dtype=INDEX_DTYPE, count=int(shape[0]) * int(shape[1])).reshape(shape)
+        data = fh.read()
+    return index_from_bytes(data, str(path), n_fields, records)
+
+
+def _decompressed(data: bytes, where: str, n_fields: int | None, records: int | None) -> bytes:
+    """A compressed index's ``.npy`` bytes, refusing a frame that declares more than the index can hold."""
+    most = _MAX_HEADER + records * n_fields * INDEX_DTYPE.itemsize if records is not None and n_fields is not None else _MAX_INDEX_BYTES
+    try:
+        declared = zstandard.frame_content_size(data)
+        if not 0 <= declared <= most:
+            raise ShardCorruptError(f"index {where}: zstd frame declares {declared} bytes, at most {most} expected (corrupt)")
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=declared)
+    except zstandard.ZstdError as exc:
+        raise ShardCorruptError(f"index {where}: unreadable zstd frame ({exc})") from exc
+
+
+def index_from_bytes(data: bytes, where: str, n_fields: int | None = None, records: int | None = None) -> np.ndarray:
+    """An index from a file's bytes (a zstd frame is decompressed first, bounded); see :func:`load_index`."""
+    if data[:4] == _ZSTD_MAGIC:
+        data = _decompressed(data, where, n_fields, records)
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = reader(buf, max_header_size=_MAX_HEADER)
+    except (ValueError, TypeError, SyntaxError) as exc:  # numpy raises several types for a malformed header
+        raise ShardCorruptError(f"index {where}: unreadable ({exc})") from exc
+    if dtype != INDEX_DTYPE or len(shape) != 2 or fortran:
+        raise ShardCorruptError(f"index {where}: unexpected layout dtype={dtype} shape={list(shape)} fortran_order={fortran}")
+    if n_fields is not None and shape[1] != n_fields:
+        raise ShardCorruptError(f"index {where}: has {shape[1]} fields, manifest lists {n_fields}")
+    if records is not None and shape[0] != records:
+        raise ShardCorruptError(f"index {where}: {shape[0]} records, manifest says {records}")
+    start = buf.tell()
+    want = int(shape[0]) * int(shape[1]) * INDEX_DTYPE.itemsize
+    if len(data) - start != want:
+        raise ShardCorruptError(f"index {where}: {len(data) - start} bytes of entries, its header promises {want} (truncated or corrupt)")
+    return np.frombuffer(data, INDEX_DTYPE, int(shape[0]) * int(shape[1]), start).reshape(shape)

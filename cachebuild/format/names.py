@@ -17,6 +17,7 @@ __all__ = [
     "FORMAT_VERSION",
     "PACKED_VERSION",
     "INDEX_SUFFIX",
+    "PACKED_INDEX_SUFFIX",
     "JSON_DTYPE",
     "JSONL_SUFFIX",
     "KEY_DIGITS",
@@ -44,6 +45,8 @@ KEY_DIGITS = 10
 """Digits of a record key: the global record id, zero-padded."""
 TAR_SUFFIX = ".tar"
 INDEX_SUFFIX = ".idx.npy"
+PACKED_INDEX_SUFFIX = ".idx.npy.zst"
+"""A packed shard's index: the same ``.npy``, one zstd frame (52 bytes per record and field shrink to a few)."""
 NPY_SUFFIX = ".npy"
 ZSTD_SUFFIX = ".zst"
 JSONL_SUFFIX = ".jsonl"
@@ -69,6 +72,7 @@ def member_name(key: str, field: str, dtype: str, codec: _Suffixed, packed: bool
     return f"{key}.{field}{NPY_SUFFIX}{codec.suffix}"
 
 
-def index_name(shard_name: str) -> str:
-    """Sidecar index file name of a shard (``shard-00000.tar`` -> ``shard-00000.idx.npy``)."""
-    return shard_name.removesuffix(TAR_SUFFIX) + INDEX_SUFFIX
+def index_name(shard_name: str, packed: bool = False) -> str:
+    """Sidecar index file name of a shard (``shard-00000.tar`` -> ``shard-00000.idx.npy``, or
+    ``shard-00000.idx.npy.zst`` for a shard of packed members)."""
+    return shard_name.removesuffix(TAR_SUFFIX) + (PACKED_INDEX_SUFFIX if packed else INDEX_SUFFIX)

@@ -21,7 +21,7 @@ import numpy as np
 
 from cachebuild.format.atomic import fsync_dir, output_error, tmp_name
 from cachebuild.format.codec import Codec
-from cachebuild.format.index import INDEX_DTYPE, index_bytes
+from cachebuild.format.index import INDEX_DTYPE, compress_index, index_bytes
 from cachebuild.format.manifest import ShardEntry
 from cachebuild.format.member_block import EncodedRun, FieldSpec, MemberError, encode_run
 from cachebuild.format.names import index_name, member_name, record_key
@@ -229,7 +229,9 @@ class ShardWriter:
         parts = self._index_parts or [np.zeros((0, len(self.fields)), INDEX_DTYPE)]
         index = np.concatenate(parts)
         idx_data = index_bytes(index)
-        idx_final = self.folder / index_name(self.name)
+        if self.pack > 1:  # (a packed shard's index compresses ~15x: offsets, sizes and shapes repeat)
+            idx_data = compress_index(idx_data)
+        idx_final = self.folder / index_name(self.name, packed=self.pack > 1)
         idx_tmp = tmp_name(idx_final)
         try:
             if sync:

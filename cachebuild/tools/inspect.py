@@ -65,7 +65,7 @@ def generation_lines(m: Manifest, root: Path) -> list[str]:
 
 
 def _pack_text(m: Manifest) -> str:
-    """``, 64 records per member`` (the shards' ``pack``; several values in a grown or mixed cache)."""
+    """``, 256 records per member`` (the shards' ``pack``; several values in a grown or mixed cache)."""
     packs = sorted({s.pack for s in m.shards})
     if not packs:
         return ""

@@ -53,7 +53,11 @@ def _shard_of(url: str) -> tuple[int, int, list[tuple[str, dict[str, Any]]], np.
         with open(f"{root}/manifest.json") as fh:
             m = json.load(fh)
         e = next(s for s in m["shards"] if s["name"] == name)
-        _SHARDS[url] = e["first_record"], e.get("pack", 1), list(m["fields"].items()), np.load(f"{root}/{e['index']}")
+        with open(f"{root}/{e['index']}", "rb") as fh:  # .idx.npy, or one zstd frame (.idx.npy.zst)
+            index = fh.read()
+        if e["index"].endswith(".zst"):
+            index = zstandard.ZstdDecompressor().decompress(index)
+        _SHARDS[url] = e["first_record"], e.get("pack", 1), list(m["fields"].items()), np.load(io.BytesIO(index))
     return _SHARDS[url]
 
 
