@@ -35,7 +35,24 @@ _CHILD = r"""
 import json, os, sys
 from pathlib import Path
 kind, path, workers, batch, limit, opts = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), json.loads(sys.argv[6])
-if kind == "mel":
+if kind.startswith("digest "):  # sha256 of every key of the first batches of two epochs
+    import hashlib
+    from loaders import ShardStream, make_loader
+    from loaders.loader import shutdown_workers
+    view = kind.split()[1]
+    loader = make_loader(ShardStream(path, view=view, batch_size=batch, seed=0, **opts), num_workers=workers)
+    h, n = hashlib.sha256(), 0
+    for epoch in range(2):
+        for i, b in enumerate(loader):
+            for key in sorted(b):
+                h.update(key.encode())
+                h.update(b[key].numpy().tobytes())
+            n += 1
+            if i + 1 >= int(limit):
+                break
+    shutdown_workers(loader)
+    d = {"sha256": h.hexdigest(), "batches": n}
+elif kind == "mel":
     import bench_mel
     d = bench_mel.ours_rate(path, workers, batch, limit)
 elif kind == "litdata":
@@ -76,6 +93,22 @@ def measure(tree: Path, kind: str, path: Path, workers: int, batch: int, limit: 
     return {}
 
 
+def _digests(cases: list, old: Path, per_epoch: int) -> str:
+    """sha256 over every key of the first ``per_epoch`` batches of epochs 0 and 1, old tree vs new, for every case."""
+    same, total, differ = 0, 0, []
+    for label, kind, path, w, batch, opts in cases:
+        view = "mel" if kind == "mel" else kind
+        got = [measure(tree, f"digest {view}", path, w, batch, per_epoch, opts) for tree in (old, NEW)]
+        if got[0].get("sha256") and got[0].get("sha256") == got[1].get("sha256"):
+            same, total = same + 1, total + got[1]["batches"]
+        else:
+            differ.append(label)
+        print(f"digest {label}: old {got[0].get('sha256', '?')[:16]} new {got[1].get('sha256', '?')[:16]}", flush=True)
+    if differ:
+        return f"NO: {', '.join(differ)} differ ({same} of {len(cases)} setups identical)"
+    return f"yes: {total} batches over {len(cases)} setups (views x 0/2 workers, 2 epochs each), sha256 of every key"
+
+
 def rate(d: dict) -> float:
     for key in ("graphs_per_s", "rows_per_s", "segments_per_s", "items_per_s", "samples_per_s"):
         if key in d:
@@ -90,6 +123,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0, help="measured seconds per reader")
     ap.add_argument("--graphs", type=int, default=5000)
     ap.add_argument("--mel-files", type=int, default=3000)
+    ap.add_argument("--digest-batches", type=int, default=120, help="batches per epoch hashed (2 epochs) for the old/new identity check")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     sys.path[:0] = [str(NEW), str(HERE)]
@@ -139,6 +173,7 @@ def main() -> None:
                 print(f"round {r} {label}: {runs[label][-1]:,.0f}/s", flush=True)
         med = {k: statistics.median(v) for k, v in runs.items()}
         rows = _rows(cases, runs, med)
+        rows.append(("batches identical, old vs new (sha256)", _digests(cases, args.old, args.digest_batches)))
         rows += _targets(med, rows_per_graph(causal["zstd"]))
         notes = [
             f"old = {args.old}, new = this tree; {args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, each in a fresh process; medians (every run in brackets)",

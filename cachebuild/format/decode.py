@@ -105,27 +105,52 @@ class _Frames:
     size: np.ndarray
     nbytes: np.ndarray
     crc: np.ndarray
+    fcs: np.ndarray  # declared decoded size of each zstd frame (-1: not declared, -2: not a zstd frame)
     group_shape: list[tuple[int, ...]]
 
 
-def _gather_entries(shards: ShardSet, s: np.ndarray, local: np.ndarray, cols: list[int]) -> np.ndarray:
-    """Index entries ``[block records, len(cols)]`` of the block, one fancy index per shard touched."""
-    entries = None
+_OFF, _SIZE, _NBYTES, _CRC, _FCS, _SHAPE = 0, 1, 2, 3, 4, 5  # columns of an entry table; the shape's dims follow
+
+
+def _shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np.ndarray:
+    """Shard ``s``'s index entries of fields ``cols`` as one int64 array ``[records, len(cols), 5 + nd]``:
+    offset, size, nbytes, crc32, declared decoded size, then the first ``nd`` dims of the shape.
+
+    Built once per open shard and field list, and kept with the shard: a block then gathers each
+    record's entries in one fancy index, and the zstd frames' declared sizes (read from their headers)
+    are parsed once per shard instead of once per block (``-1`` for raw payloads). Memory: ``8 * (5 + nd)``
+    bytes per record and field read, next to the index's 56 per record and field.
+    """
+    sh = shards.shard(s)
+    tables: dict[tuple[int, ...], np.ndarray] = sh.__dict__.setdefault("_decode_tables", {})
+    table = tables.get(cols)
+    if table is None:
+        idx = sh.index[:, list(cols)]
+        table = np.empty(idx.shape + (_SHAPE + nd,), np.int64)
+        for c, key in ((_OFF, "offset"), (_SIZE, "size"), (_NBYTES, "nbytes"), (_CRC, "crc32")):
+            table[..., c] = idx[key]
+        table[..., _SHAPE:] = idx["shape"][..., :nd]
+        table[..., _FCS] = -1
+        if shards.codec == "zstd" and idx.size:
+            hdr = frame_headers(np.frombuffer(sh.view, np.uint8), table[..., _OFF].reshape(-1))
+            table[..., _FCS] = parse_frame_headers(hdr, table[..., _SIZE].reshape(-1)).reshape(idx.shape)
+        table = tables[cols] = table
+    return table
+
+
+def _gather_entries(shards: ShardSet, s: np.ndarray, local: np.ndarray, cols: list[int], nd: int) -> np.ndarray:
+    """Entries ``[block records, len(cols), 5 + nd]`` of the block (:func:`_shard_table`), one fancy index per shard touched."""
+    entries = np.empty((len(s), len(cols), _SHAPE + nd), np.int64)
+    key = tuple(cols)
+    if len(s) and (s == s[0]).all():
+        entries[...] = _shard_table(shards, int(s[0]), key, nd)[local]
+        return entries
     order = np.argsort(s, kind="stable")
     ss = s[order]
     cuts = np.flatnonzero(np.diff(ss)) + 1
     for rows in np.split(order, cuts):
-        if not rows.size:
-            continue
-        idx = shards.shard(int(s[rows[0]])).index
-        part = idx[local[rows]][:, cols]
-        if entries is None:
-            entries = np.empty((len(s), len(cols)), dtype=idx.dtype)
-        entries[rows] = part
-    if entries is None:
-        from cachebuild.format.index import INDEX_DTYPE
-
-        entries = np.empty((0, len(cols)), dtype=INDEX_DTYPE)
+        if rows.size:
+            entries[rows] = _shard_table(shards, int(s[rows[0]]), key, nd)[local[rows]]
     return entries
 
 
@@ -156,16 +181,17 @@ def _field_meta(shards: "ShardSet", names: tuple[str, ...]) -> tuple[np.ndarray,
 
 def _plan_frames(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, names: list[str], entries: np.ndarray) -> tuple[_Frames, list[np.ndarray]]:
     """Order the frames by (field, shape) (all fields at once)."""
-    m, nf = entries.shape
+    m, nf = entries.shape[:2]
     ndim, _, _, mult, fits = _field_meta(shards, tuple(names))
-    shape = entries["shape"].astype(np.int64)  # [m, nf, MAX_NDIM], unused dims are 1
-    used = np.arange(MAX_NDIM)[None, :] < ndim[:, None]  # [nf, MAX_NDIM]
+    nd = entries.shape[2] - _SHAPE
+    shape = entries[..., _SHAPE:]  # [m, nf, nd], unused dims are 1
+    used = np.arange(nd)[None, :] < ndim[:, None]  # [nf, nd]
     shape_used = np.where(used, shape, 1)
     # Every entry was checked against the schemas and the tar when its shard was opened
     # (cachebuild.format.index_check), so shapes, lengths and offsets are trusted here.
     all_shapes = [shape[:, f, : ndim[f]] for f in range(nf)]
     if fits:
-        keys = np.einsum("mfd,fd->fm", shape_used, mult)  # [nf, m], equal iff shapes equal
+        keys = np.einsum("mfd,fd->fm", shape_used, mult[:, :nd])  # [nf, m], equal iff shapes equal
     else:
         keys = np.stack([np.unique(all_shapes[f], axis=0, return_inverse=True)[1].reshape(-1) for f in range(nf)])
     # Frame t = (field t // m, block row t % m); sort by (field, shape), stable in block order.
@@ -179,17 +205,18 @@ def _plan_frames(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.nda
     fld, rec = np.divmod(order, m) if m else (order, order)
     starts = np.flatnonzero(new_group)
     group_shape = [tuple(row[: ndim[f]]) for f, row in zip(fld[starts].tolist(), shape[rec[starts], fld[starts]].tolist())]
-    flat = entries.T.reshape(-1)[order]
+    flat = entries.transpose(1, 0, 2).reshape(-1, _SHAPE + nd)[order]
     frames = _Frames(
         rec=rec,
         fld=fld,
         group=group,
         shard=s[rec],
         local=local[rec],
-        offset=flat["offset"].astype(np.int64),
-        size=flat["size"].astype(np.int64),
-        nbytes=flat["nbytes"].astype(np.int64),
-        crc=flat["crc32"].astype(np.int64),
+        offset=flat[:, _OFF],
+        size=flat[:, _SIZE],
+        nbytes=flat[:, _NBYTES],
+        crc=flat[:, _CRC],
+        fcs=flat[:, _FCS],
         group_shape=group_shape,
     )
     return frames, all_shapes
@@ -210,7 +237,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     dctx = zstandard.ZstdDecompressor()
     if threads > 1 and int(fr.size.sum()) < _THREADED_MIN_BYTES:
         threads = 1  # starting threads costs more than a small block's decompression
-    sizes = _declared_sizes(shards, ids, names, fr, payloads)
+    sizes = _declared_sizes(shards, ids, names, fr)
     try:
         out = dctx.multi_decompress_to_buffer(payloads, decompressed_sizes=sizes, threads=threads)
     except zstandard.ZstdError as exc:
@@ -243,16 +270,10 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     return buffers, buf_id, data_off, (out, stride_ok)
 
 
-def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, payloads: Sequence[bytes | bytearray | memoryview]) -> bytes:
+def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> bytes:
     """Each frame's declared decoded size, refused unless it is the index's array data plus a small
     ``.npy`` header: nothing is allocated for a frame that claims more (a decompression bomb)."""
-    hdr = np.empty((len(fr.offset), 18), np.uint8)
-    order = np.argsort(fr.shard, kind="stable")
-    cuts = np.flatnonzero(np.diff(fr.shard[order])) + 1
-    for rows in np.split(order, cuts):  # one gather per shard touched, one parse for the block
-        if rows.size:
-            hdr[rows] = frame_headers(np.frombuffer(shards.shard(int(fr.shard[rows[0]])).view, np.uint8), fr.offset[rows])
-    fcs = parse_frame_headers(hdr, fr.size)
+    fcs = fr.fcs  # parsed from the frame headers once per shard (_shard_table)
     if (fcs == -2).any():
         i = int(np.flatnonzero(fcs == -2)[0])
         raise _corrupt(shards, ids, names, fr, i, "not a zstd frame (bad frame header)")
@@ -309,7 +330,8 @@ def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads
     arr_names = sorted((n for n in fields if n not in json_names), key=lambda n: -np.dtype(shards.manifest.schema(n).dtype).itemsize)
     out: dict[str, FieldBlock] = {}
     if arr_names:
-        entries = _gather_entries(shards, s, local, [shards.field_pos[n] for n in arr_names])
+        nd = max(shards.manifest.schema(n).ndim for n in arr_names)
+        entries = _gather_entries(shards, s, local, [shards.field_pos[n] for n in arr_names], nd)
         fr, shapes = _plan_frames(shards, ids, s, local, arr_names, entries)
         if shards.codec == "zstd":
             buffers, buf_id, data_off, (keep, stride_ok) = _decode_zstd(shards, ids, arr_names, fr, threads)
