@@ -34,7 +34,7 @@ from loaders.slots import ZERO_COPY_HELD
 
 def _ragged_record(rng: np.random.Generator, index: int) -> dict:
     a, b = 1 + int(rng.integers(0, 6)), 1 + int(rng.integers(0, 5))
-    return {"cube": rng.standard_normal((a, b, 3)).astype(np.float16), "lab": np.array(index % 7, np.int16), "seq": rng.integers(0, 100, size=int(rng.integers(0, 9))).astype(np.int32)}
+    return {"cube": rng.standard_normal((a, b, 3)).astype(np.float16), "lab": np.array(index % 7, np.int16), "seq": rng.integers(0, 100, size=int(rng.integers(0, 61))).astype(np.int32)}
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +44,9 @@ def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, codec in (("toy", Codec()), ("toy_raw", Codec("none", 0))):
         build_toy(root / name, records=300, codec=codec)
         out[name] = root / name
-    build(FunctionSource.per_record(_ragged_record, {"cube": "float16", "lab": "int16", "seq": "int32"}), root / "ragged", records=200, workers=1, shard_mb=0.01, progress=False)
-    out["ragged"] = root / "ragged"
+    for name, codec in (("ragged", "zstd"), ("ragged_raw", "none")):  # seq: 61 lengths, so its blocks take the one-gather path
+        build(FunctionSource.per_record(_ragged_record, {"cube": "float16", "lab": "int16", "seq": "int32"}), root / name, records=200, workers=1, shard_mb=0.01, codec=codec, progress=False)
+        out[name] = root / name
     return out
 
 
@@ -61,7 +62,7 @@ def _dirty_batch(stream: ShardStream, b: int, byte: int = 0xAB) -> dict[str, tor
     return PackedBatch(buf, stream.layout.spec()).unpack()
 
 
-@pytest.mark.parametrize("name", ["causal", "causal_raw", "toy", "toy_raw", "ragged"])
+@pytest.mark.parametrize("name", ["causal", "causal_raw", "toy", "toy_raw", "ragged", "ragged_raw"])
 def test_read_block_equals_record_by_record(caches, name):
     root = caches[name]
     ref = Reference(root)
@@ -71,6 +72,8 @@ def test_read_block_equals_record_by_record(caches, name):
     ids = np.concatenate([ids, ids[:5]])  # repeats allowed
     stream = ShardStream(root, view="records", batch_size=8)
     blocks = read_block(stream._shards(), ids, m.field_names, threads=2)
+    if name.startswith("ragged"):
+        assert blocks["seq"].segments is not None and not blocks["seq"].runs
     for f in m.fields:
         blk = blocks[f.name]
         if f.dtype == "json":
@@ -85,7 +88,7 @@ def test_read_block_equals_record_by_record(caches, name):
             assert got.tobytes() == np.ascontiguousarray(want).tobytes(), (name, f.name, rid)
 
 
-@pytest.mark.parametrize("name", ["causal", "causal_raw", "toy", "toy_raw", "ragged"])
+@pytest.mark.parametrize("name", ["causal", "causal_raw", "toy", "toy_raw", "ragged", "ragged_raw"])
 def test_records_view_on_dirty_buffers(caches, name):
     root = caches[name]
     ref = Reference(root)

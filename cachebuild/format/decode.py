@@ -43,6 +43,8 @@ except ImportError:  # pragma: no cover
 __all__ = ["FieldBlock", "read_block"]
 
 _ALIGN = 8
+_SEGMENT_RUNS = 16
+"""A 1-d field whose block splits into more runs than this (many lengths) is scattered with one gather, not run by run."""
 _ITEM_RE = re.compile(r"item (\d+)")
 _THREADED_MIN_BYTES = 2 << 20
 
@@ -62,6 +64,7 @@ class FieldBlock:
     runs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     values: list[Any] | None = None
     keep: Any = None  # owner of the decoded bytes the runs view
+    segments: _Segments | None = None  # instead of runs: a 1-d field of many lengths
 
     def scatter(self, out: np.ndarray, dest: np.ndarray | None = None) -> None:
         """Write record ``i`` into ``out[dest[i], :s0, :s1, ...]`` (its own shape; the rest is left as is).
@@ -69,6 +72,9 @@ class FieldBlock:
         ``out`` has a leading batch axis and at least the record's extent on
         every other axis; numpy casts to ``out``'s dtype.
         """
+        if self.segments is not None:
+            self.segments.scatter(out, dest)
+            return
         for rows, data in self.runs:
             where = rows if dest is None else dest[rows]
             out[(where,) + tuple(slice(0, int(n)) for n in data.shape[1:])] = data
@@ -81,6 +87,41 @@ class FieldBlock:
         out = np.empty((len(self.shapes),) + shape, dtype=self.dtype)
         self.scatter(out)
         return out
+
+
+@dataclass
+class _Segments:
+    """A 1-d field's records as (buffer, element offset, length), scattered with one fancy index
+    per buffer: a block of ragged sequences (hundreds of lengths) would otherwise be hundreds of
+    one-record runs, each a Python-level view and assignment."""
+
+    rows: np.ndarray  # block row of each record
+    buf: np.ndarray  # which buffer holds it
+    start: np.ndarray  # its first element in that buffer (viewed as the field's dtype)
+    length: np.ndarray  # its elements
+    buffers: list[np.ndarray]  # the decoded buffers, each viewed as the field's dtype
+
+    def scatter(self, out: np.ndarray, dest: np.ndarray | None = None) -> None:
+        rows = self.rows if dest is None else dest[self.rows]
+        for b in np.unique(self.buf).tolist():
+            pick = np.flatnonzero(self.buf == b) if len(self.buffers) > 1 else slice(None)
+            length = self.length[pick]
+            before = np.cumsum(length) - length
+            col = np.arange(int(length.sum()), dtype=np.int64) - np.repeat(before, length)
+            out[np.repeat(rows[pick], length), col] = self.buffers[b][np.repeat(self.start[pick], length) + col]
+
+
+def _segments(fr: _Frames, f: int, dtype: np.dtype, buffers: list[Any], buf_id: np.ndarray, data_off: np.ndarray) -> _Segments | None:
+    """Field ``f``'s frames as :class:`_Segments`, or None where a record's data is not aligned to its dtype."""
+    pick = np.flatnonzero(fr.fld == f)
+    size = dtype.itemsize
+    if (data_off[pick] % size).any():
+        return None
+    views = []
+    for b in buffers:
+        raw = np.frombuffer(b, np.uint8)
+        views.append(raw[: len(raw) - len(raw) % size].view(dtype))
+    return _Segments(fr.rec[pick], buf_id[pick], data_off[pick] // size, fr.nbytes[pick] // size, views)
 
 
 @lru_cache(maxsize=64)
@@ -338,11 +379,17 @@ def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads
         else:
             buffers, buf_id, data_off, (keep, stride_ok) = _decode_raw(shards, ids, arr_names, fr)
         runs = _runs(fr, buf_id, stride_ok)
+        per_field = np.bincount(fr.fld[[a for a, _ in runs]], minlength=len(arr_names)) if runs else np.zeros(len(arr_names), np.int64)
         for f, name in enumerate(arr_names):
-            out[name] = FieldBlock(name, np.dtype(shards.manifest.schema(name).dtype), shapes[f], keep=keep)
+            dtype = np.dtype(shards.manifest.schema(name).dtype)
+            out[name] = FieldBlock(name, dtype, shapes[f], keep=keep)
+            if per_field[f] > _SEGMENT_RUNS and shards.manifest.schema(name).ndim == 1:
+                out[name].segments = _segments(fr, f, dtype, buffers, buf_id, data_off)
         for a, b in runs:
             name = arr_names[int(fr.fld[a])]
             blk = out[name]
+            if blk.segments is not None:
+                continue
             shape = fr.group_shape[int(fr.group[a])]
             stride = int(data_off[a + 1] - data_off[a]) if b - a > 1 else 0
             dtype = np.dtype(shards.manifest.schema(name).dtype)
