@@ -183,6 +183,10 @@ def build_command(
     kind = "mel"               log-mel segments; needs [source] h5 = FILE | wav = DIR | synthetic = N
     kind = "mymod:make"        your own source: a RecordSource, or a factory called with [params]
 
+    How the shards are stored comes from the recipe's [build] table (or --set):
+    shard_mb (256), codec (zstd, or none; mel: none), level (1), pack (records per tar
+    member: 256, fewer if that passes 16 MB; 1 writes format v1), workers.
+
     Parallel, deterministic (byte-identical shards for any --workers or backend)
     and resumable: rerun the same command after an interruption to finish it.
     """

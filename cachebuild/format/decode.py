@@ -30,9 +30,11 @@ import zstandard
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.index import MAX_NDIM
 from cachebuild.format.index_check import frame_headers, parse_frame_headers
-from cachebuild.format.limits import MAX_NPY_HEADER, load_json_bounded
+from cachebuild.format.limits import MAX_NPY_HEADER
 from cachebuild.format.names import JSON_DTYPE
+from cachebuild.format.json_values import read_json_values
 from cachebuild.format.reader import ShardSet
+from cachebuild.format.segments import Segments, segments_of
 from cachebuild.format.zstd_output import OutputBuffer, packed_offsets
 
 try:  # ISA-L's crc32: zlib's checksum, about 4x faster (raw caches check every member read); zlib is the fallback
@@ -64,7 +66,7 @@ class FieldBlock:
     runs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     values: list[Any] | None = None
     keep: Any = None  # owner of the decoded bytes the runs view
-    segments: _Segments | None = None  # instead of runs: a 1-d field of many lengths
+    segments: Segments | None = None  # instead of runs: a 1-d field of many lengths
 
     def scatter(self, out: np.ndarray, dest: np.ndarray | None = None) -> None:
         """Write record ``i`` into ``out[dest[i], :s0, :s1, ...]`` (its own shape; the rest is left as is).
@@ -87,41 +89,6 @@ class FieldBlock:
         out = np.empty((len(self.shapes),) + shape, dtype=self.dtype)
         self.scatter(out)
         return out
-
-
-@dataclass
-class _Segments:
-    """A 1-d field's records as (buffer, element offset, length), scattered with one fancy index
-    per buffer: a block of ragged sequences (hundreds of lengths) would otherwise be hundreds of
-    one-record runs, each a Python-level view and assignment."""
-
-    rows: np.ndarray  # block row of each record
-    buf: np.ndarray  # which buffer holds it
-    start: np.ndarray  # its first element in that buffer (viewed as the field's dtype)
-    length: np.ndarray  # its elements
-    buffers: list[np.ndarray]  # the decoded buffers, each viewed as the field's dtype
-
-    def scatter(self, out: np.ndarray, dest: np.ndarray | None = None) -> None:
-        rows = self.rows if dest is None else dest[self.rows]
-        for b in np.unique(self.buf).tolist():
-            pick = np.flatnonzero(self.buf == b) if len(self.buffers) > 1 else slice(None)
-            length = self.length[pick]
-            before = np.cumsum(length) - length
-            col = np.arange(int(length.sum()), dtype=np.int64) - np.repeat(before, length)
-            out[np.repeat(rows[pick], length), col] = self.buffers[b][np.repeat(self.start[pick], length) + col]
-
-
-def _segments(fr: _Frames, f: int, dtype: np.dtype, buffers: list[Any], buf_id: np.ndarray, data_off: np.ndarray) -> _Segments | None:
-    """Field ``f``'s frames as :class:`_Segments`, or None where a record's data is not aligned to its dtype."""
-    pick = np.flatnonzero(fr.fld == f)
-    size = dtype.itemsize
-    if (data_off[pick] % size).any():
-        return None
-    views = []
-    for b in buffers:
-        raw = np.frombuffer(b, np.uint8)
-        views.append(raw[: len(raw) - len(raw) % size].view(dtype))
-    return _Segments(fr.rec[pick], buf_id[pick], data_off[pick] // size, fr.nbytes[pick] // size, views)
 
 
 @lru_cache(maxsize=64)
@@ -384,7 +351,8 @@ def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads
             dtype = np.dtype(shards.manifest.schema(name).dtype)
             out[name] = FieldBlock(name, dtype, shapes[f], keep=keep)
             if per_field[f] > _SEGMENT_RUNS and shards.manifest.schema(name).ndim == 1:
-                out[name].segments = _segments(fr, f, dtype, buffers, buf_id, data_off)
+                pick = np.flatnonzero(fr.fld == f)
+                out[name].segments = segments_of(fr.rec[pick], buf_id[pick], data_off[pick], fr.nbytes[pick], dtype, buffers)
         for a, b in runs:
             name = arr_names[int(fr.fld[a])]
             blk = out[name]
@@ -396,7 +364,7 @@ def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads
             data = np.ndarray((b - a,) + shape, dtype=dtype, buffer=buffers[int(buf_id[a])], offset=int(data_off[a]), strides=(stride,) + _c_strides(shape, dtype.itemsize))
             blk.runs.append((fr.rec[a:b], data))
     for name in json_names:
-        out[name] = _read_json(shards, ids, s, local, name)
+        out[name] = FieldBlock(name, None, np.zeros((len(ids), 0), np.int64), values=read_json_values(shards, ids, s, local, name))
     return out
 
 
@@ -410,29 +378,3 @@ def _runs(fr: _Frames, buf_id: np.ndarray, stride_ok: np.ndarray) -> list[tuple[
         brk[1:] = (fr.group[1:] != fr.group[:-1]) | (buf_id[1:] != buf_id[:-1]) | ~stride_ok[1:]
     starts = np.flatnonzero(brk)
     return list(zip(starts.tolist(), np.append(starts[1:], n).tolist()))
-
-
-def _read_json(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, name: str) -> FieldBlock:
-    """JSON members, one Python decode per record (they are small metadata, off the hot path)."""
-    j = shards.field_pos[name]
-    dctx = zstandard.ZstdDecompressor() if shards.codec == "zstd" else None
-    values = []
-    data: bytes | memoryview
-    for rid, sh, loc in zip(ids.tolist(), s.tolist(), local.tolist()):
-        shard = shards.shard(sh)
-        e = shard.index[loc, j]
-        raw = shard.view[int(e["offset"]) : int(e["offset"]) + int(e["size"])]
-        nbytes = int(e["nbytes"])
-        most = nbytes + (shard.entry.pack > 1)  # (a packed JSON entry may start with its "\n" separator)
-        try:
-            if dctx is not None:
-                declared = zstandard.frame_content_size(raw)
-                if not nbytes <= declared <= most:
-                    raise ShardCorruptError(f"{shards.where(rid, name)}: zstd frame declares {declared} bytes, the index says {nbytes} (corrupt or a decompression bomb)")
-                data = dctx.decompress(raw, max_output_size=most)
-            else:
-                data = raw
-        except zstandard.ZstdError as exc:
-            raise ShardCorruptError(f"{shards.where(rid, name)}: {exc}") from exc
-        values.append(load_json_bounded(data[len(data) - nbytes :], shards.where(rid, name), ShardCorruptError))
-    return FieldBlock(name, None, np.zeros((len(ids), 0), np.int64), values=values)
