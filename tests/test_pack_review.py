@@ -1,0 +1,63 @@
+"""Packed caches as a new user meets them (review of issue 15, item 2): a packed shard's
+``.idx.npy.zst`` recompressed by the ``zstd`` tool from a pipe (a frame that does not declare
+its decoded size) still reads, bounded; one that decodes past its bound is one clear error."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+
+from cachebuild import FunctionSource, build
+from cachebuild.errors import ShardCorruptError
+from cachebuild.format.reader import open_cache
+from cachebuild.format.records import read_record
+from cachebuild.tools.verify import verify_cache
+from hostile_fixtures import load_doc, rehash, save_doc
+
+
+def _block(rng: np.random.Generator, start: int, stop: int) -> dict:
+    return {"x": rng.standard_normal((stop - start, 6)).astype(np.float32), "meta": [{"i": i} for i in range(start, stop)]}
+
+
+def _streamed(data: bytes) -> bytes:
+    """``data`` as one zstd frame written by a stream (what ``cat f | zstd`` writes): no content size."""
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False) as w:
+        w.write(data)
+    frame = out.getvalue()
+    assert zstandard.frame_content_size(frame) == -1  # (python-zstandard: -1 for "not declared")
+    return frame
+
+
+@pytest.fixture()
+def cache(tmp_path: Path) -> Path:
+    root = tmp_path / "c"
+    build(FunctionSource.per_block(_block, {"x": "float32", "meta": "json"}), root, records=37, pack=5, progress=False, backend="threading")
+    return root
+
+
+def test_streamed_index_frame_reads(cache: Path) -> None:
+    doc = load_doc(cache)
+    idx = cache / doc["shards"][0]["index"]
+    assert idx.name.endswith(".idx.npy.zst")
+    before = read_record(open_cache(cache), 3, strict=True)
+    idx.write_bytes(_streamed(zstandard.ZstdDecompressor().decompress(idx.read_bytes())))
+    rehash(cache, doc, 0)
+    save_doc(cache, doc)
+    after = read_record(open_cache(cache), 3, strict=True)
+    np.testing.assert_array_equal(after["x"], before["x"])
+    assert after["meta"] == before["meta"] and verify_cache(cache).ok
+
+
+def test_streamed_index_frame_past_its_bound_is_refused(cache: Path) -> None:
+    doc = load_doc(cache)
+    idx = cache / doc["shards"][0]["index"]
+    idx.write_bytes(_streamed(b"\0" * (64 << 20)))
+    rehash(cache, doc, 0)
+    save_doc(cache, doc)
+    with pytest.raises(ShardCorruptError, match=r"index .*shard-00000\.idx\.npy\.zst: zstd frame decodes to more than \d+ bytes"):
+        read_record(open_cache(cache), 0)
