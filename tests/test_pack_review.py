@@ -36,7 +36,7 @@ def _streamed(data: bytes) -> bytes:
 @pytest.fixture()
 def cache(tmp_path: Path) -> Path:
     root = tmp_path / "c"
-    build(FunctionSource.per_block(_block, {"x": "float32", "meta": "json"}), root, records=37, pack=5, progress=False, backend="threading")
+    build(FunctionSource.per_block(_block, {"x": "float32", "meta": "json"}), root, records=37, pack=5, shard_mb=0.0005, progress=False, backend="threading")
     return root
 
 
@@ -61,3 +61,18 @@ def test_streamed_index_frame_past_its_bound_is_refused(cache: Path) -> None:
     save_doc(cache, doc)
     with pytest.raises(ShardCorruptError, match=r"index .*shard-00000\.idx\.npy\.zst: zstd frame decodes to more than \d+ bytes"):
         read_record(open_cache(cache), 0)
+
+
+@pytest.mark.parametrize("pack", [3, 4])
+def test_a_wrong_pack_in_the_manifest_is_named(cache: Path, pack: int) -> None:
+    """A hand-edited shard ``pack`` reads as entries out of order; the one-line error names the
+    manifest field and value as the likely cause. (Removing it, pack 1, is caught earlier here:
+    the shard's bytes cannot hold one member per record and field.)"""
+    doc = load_doc(cache)
+    doc["shards"][1]["pack"] = pack
+    save_doc(cache, doc)
+    first = doc["shards"][1]["first_record"]
+    with pytest.raises(ShardCorruptError, match=rf"out of order.*; or the manifest's shards\[1\]\.pack = {pack} is not the shard's"):
+        read_record(open_cache(cache), first)
+    report = verify_cache(cache)
+    assert not report.ok and any("shards[1].pack" in line for line in report.faults)
