@@ -12,7 +12,7 @@ import pytest
 import zstandard
 
 from cachebuild import FunctionSource, build
-from cachebuild.errors import ShardCorruptError
+from cachebuild.errors import CacheMismatchError, ShardCorruptError
 from cachebuild.format.reader import open_cache
 from cachebuild.format.records import read_record
 from cachebuild.tools.verify import verify_cache
@@ -76,3 +76,10 @@ def test_a_wrong_pack_in_the_manifest_is_named(cache: Path, pack: int) -> None:
         read_record(open_cache(cache), first)
     report = verify_cache(cache)
     assert not report.ok and any("shards[1].pack" in line for line in report.faults)
+
+
+def test_a_rebuild_mismatch_on_a_packed_cache_names_only_what_differs(cache: Path) -> None:
+    """The manifest says version 3 (packed), the build hashes the format version 1: not a difference to report."""
+    with pytest.raises(CacheMismatchError) as info:
+        build(FunctionSource.per_block(_block, {"x": "float32", "meta": "json"}), cache, records=37, pack=5, seed=9, shard_mb=0.0005, progress=False)
+    assert "seed: cache 0, this build 9" in str(info.value) and "version" not in str(info.value)
