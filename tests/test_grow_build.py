@@ -43,6 +43,17 @@ def test_append_to_an_unpacked_cache_is_version_2(tmp_path: Path) -> None:
     assert _idents(root) == list(range(320)) and verify_cache(root).ok
 
 
+def test_append_keeps_the_cache_pack_and_refuses_another(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    _toy(root, pack=8)
+    before = folder_bytes(root)
+    with pytest.raises(ConfigError, match=r"build\.pack = 3: .* packs 8 records per tar member"):
+        _toy(root, records=50, append=True, pack=3)
+    assert folder_bytes(root) == before  # nothing written
+    _toy(root, records=50, append=True, pack=8)  # the cache's own value, given again, is fine
+    assert {s.pack for s in read_manifest(root).shards} == {8}
+
+
 def test_append_adds_a_generation_and_touches_nothing_there(tmp_path: Path) -> None:
     root = tmp_path / "c"
     _toy(root)
@@ -114,6 +125,7 @@ def test_cli_append_and_keep(tmp_path: Path) -> None:
         (["--set", "params.n_max=5"], 4, "config.n_max: cache 4, this build 5"),
         (["--keep", "0"], 2, "'keep' has invalid value 0"),
         (["--keep", "-2"], 2, "'keep' has invalid value -2"),
+        (["--set", "build.pack=3"], 2, "build.pack = 3: the cache at"),  # never silently ignored
     ],
 )
 def test_bad_appends_are_one_error_and_change_nothing(tmp_path: Path, args: list[str], code: int, words: str) -> None:

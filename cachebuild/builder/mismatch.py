@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cachebuild.format.names import FORMAT_VERSION, PACKED_VERSION
+
 __all__ = ["fingerprint_doc_of_manifest", "describe_differences"]
 
 _MAX_SHOWN = 6
@@ -19,8 +21,11 @@ _MAX_SHOWN = 6
 def fingerprint_doc_of_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """The fingerprint's document as an existing manifest stores it (the same keys the builder hashes)."""
     build = manifest.get("build") or {}
+    version = manifest.get("version")
+    if isinstance(version, int) and FORMAT_VERSION <= version <= PACKED_VERSION:
+        version = FORMAT_VERSION  # a manifest says 2 once grown, 3 once packed; its build hashed FORMAT_VERSION
     return {
-        "version": manifest.get("version"),
+        "version": version,
         "kind": manifest.get("kind"),
         "config": manifest.get("config"),
         "seed": manifest.get("seed"),

@@ -43,7 +43,11 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec: zstd, or none (raw, for tmpfs) [default: zstd].")
 @click.option("--level", type=int, default=None, help="zstd level [default: 1: as small as level 3 on causal data, faster].")
 @click.option(
-    "--pack", type=int, default=None, metavar="N", help="Records per tar member (build.pack) [default: 256, fewer if that passes 16 MB; 1: one member per record and field, the layout of format v1]."
+    "--pack",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Records per tar member (build.pack) [default: 256, fewer if that passes 16 MB; with --append: the cache's own; 1: one member per record and field, the layout of format v1].",
 )
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--family", type=click.Choice(FAMILIES), default=None, help="Graph family (graph.family).")

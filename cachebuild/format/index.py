@@ -64,6 +64,11 @@ def _decompressed(data: bytes, where: str, n_fields: int | None, records: int | 
     most = _MAX_HEADER + records * n_fields * INDEX_DTYPE.itemsize if records is not None and n_fields is not None else _MAX_INDEX_BYTES
     try:
         declared = zstandard.frame_content_size(data)
+        if declared == -1:  # unknown: a frame written by a stream (`... | zstd`); read at most `most` + 1
+            out: bytes = zstandard.ZstdDecompressor().stream_reader(data).read(most + 1)
+            if len(out) > most:
+                raise ShardCorruptError(f"index {where}: zstd frame decodes to more than {most} bytes, the most its manifest entry allows (corrupt)")
+            return out
         if not 0 <= declared <= most:
             raise ShardCorruptError(f"index {where}: zstd frame declares {declared} bytes, at most {most} expected (corrupt)")
         return zstandard.ZstdDecompressor().decompress(data, max_output_size=declared)

@@ -137,7 +137,14 @@ def load_checked_index(manifest: Manifest, entry: ShardEntry, idx_path: Path, ta
     if entry.index_sha256 and hashlib.sha256(idx_bytes).hexdigest() != entry.index_sha256:
         raise ShardCorruptError(f"index {idx_path}: checksum differs from the manifest's (corrupt or replaced)")
     index = load_index(idx_path, len(manifest.fields), entry.records)
-    check_index(index, manifest.fields, manifest.codec.name, entry.records, entry.name, entry.first_record, tar_size, entry.pack)
+    try:
+        check_index(index, manifest.fields, manifest.codec.name, entry.records, entry.name, entry.first_record, tar_size, entry.pack)
+    except ShardCorruptError as exc:
+        if "out of order" not in str(exc):
+            raise
+        # entries that do not follow each other are also what a wrong `pack` in the manifest reads as
+        pos = next((i for i, e in enumerate(manifest.shards) if e.name == entry.name), "?")
+        raise ShardCorruptError(f"{exc}; or the manifest's shards[{pos}].pack = {entry.pack} is not the shard's") from exc
     return index
 
 
