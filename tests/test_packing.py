@@ -226,3 +226,10 @@ def test_large_records_get_smaller_groups(tmp_path: Path) -> None:
     m = read_manifest(tmp_path / "c")
     assert {s.pack for s in m.shards} == {16} and m.codec.pack == 16
     assert verify_cache(tmp_path / "c").ok
+
+
+def test_build_summary_explains_only_a_real_loss() -> None:
+    from cachebuild.builder.builder import ratio_text
+
+    assert ratio_text(0.98) == "ratio 0.98x"  # a raw packed cache: framing and index only
+    assert "--pack" in ratio_text(0.4) and ratio_text(2.5) == "ratio 2.50x"
