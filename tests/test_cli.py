@@ -160,9 +160,9 @@ def test_sigkill_mid_build_then_resume_is_byte_identical(tmp_path):
 
 def test_one_shard_is_singular_and_a_raw_ratio_says_why(tmp_path):
     out = tmp_path / "raw"
-    r = _run(["generate", "--graphs", "5", "--out", str(out), "--codec", "none", "--workers", "1", "-q"])
+    r = _run(["generate", "--graphs", "5", "--out", str(out), "--codec", "none", "--pack", "1", "--workers", "1", "-q"])  # one member per record and field
     assert r.exit_code == 0, r.output
-    r = _run(["generate", "--graphs", "5", "--out", str(out), "--codec", "none", "--workers", "1"])  # a rerun: nothing to do
+    r = _run(["generate", "--graphs", "5", "--out", str(out), "--codec", "none", "--pack", "1", "--workers", "1"])  # a rerun: nothing to do
     assert "1 shard)" in r.output and "1 shards" not in r.output
     r = _run(["verify", str(out), "-q"])
     assert "1 shard verified" in r.output
