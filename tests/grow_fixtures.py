@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from gloo_rank import gloo_rank
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,10 +69,7 @@ def ddp_grow_rank(rank: int, world: int, port: int, root: str, out_dir: str) -> 
 
     Writes ``out_dir/rank{r}.json``: per epoch, the generation read and the ``ident`` of every real row.
     """
-    import datetime
-    import json
     import time
-    import traceback
 
     import torch
     import torch.distributed as dist
@@ -79,10 +77,8 @@ def ddp_grow_rank(rank: int, world: int, port: int, root: str, out_dir: str) -> 
     from cachebuild import build
     from loaders import ShardStream, make_loader
 
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    result: dict = {"epochs": []}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    with gloo_rank(rank, world, port, out_dir) as result:
+        result.update({"epochs": []})
         loader = make_loader(ShardStream(root, view="records", batch_size=16, seed=1), num_workers=0)
         for epoch in range(3):
             if rank == 1 and epoch == 1:
@@ -94,13 +90,6 @@ def ddp_grow_rank(rank: int, world: int, port: int, root: str, out_dir: str) -> 
                 ids += batch["ident"][~batch["is_pad"]].tolist()
                 dist.all_reduce(torch.ones(1))  # a rank with fewer steps would hang here
             result["epochs"].append({"generation": generation, "ids": ids})
-        dist.barrier()
-    except Exception:
-        result["error"] = traceback.format_exc()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
 
 def ddp_mixture_grow_rank(rank: int, world: int, port: int, roots: dict, out_dir: str) -> None:
@@ -108,10 +97,7 @@ def ddp_mixture_grow_rank(rank: int, world: int, port: int, roots: dict, out_dir
 
     Writes ``out_dir/rank{r}.json``: per epoch, the caches' generations and the (cache, ident) of every real row.
     """
-    import datetime
-    import json
     import time
-    import traceback
 
     import torch
     import torch.distributed as dist
@@ -119,10 +105,8 @@ def ddp_mixture_grow_rank(rank: int, world: int, port: int, roots: dict, out_dir
     from cachebuild import build
     from loaders import Mixture, ShardStream, make_loader
 
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    result: dict = {"epochs": []}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    with gloo_rank(rank, world, port, out_dir) as result:
+        result.update({"epochs": []})
         stream = ShardStream(Mixture(roots), view="records", batch_size=16, seed=1)
         loader = make_loader(stream, num_workers=0)
         for epoch in range(3):
@@ -135,10 +119,3 @@ def ddp_mixture_grow_rank(rank: int, world: int, port: int, roots: dict, out_dir
                 rows += [[int(c), int(i)] for c, i in zip(stream.mixture.cache_of(batch["record_id"][real].numpy()), batch["ident"][real].tolist())]
                 dist.all_reduce(torch.ones(1))  # a rank with fewer steps would hang here
             result["epochs"].append({"generations": list(stream.generations), "rows": rows})
-        dist.barrier()
-    except Exception:
-        result["error"] = traceback.format_exc()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))

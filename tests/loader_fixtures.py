@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import socket
 import tarfile
 import time
@@ -21,6 +20,7 @@ import pytest
 import zstandard
 
 from cachebuild.format import read_manifest
+from gloo_rank import gloo_rank
 
 CAUSAL_GRAPHS = 200
 
@@ -140,18 +140,13 @@ def ddp_rank_main(rank: int, world: int, port: int, root: str, out_dir: str, run
 
     Writes ``out_dir/rank{r}.json``: per run, the ids and pad flags of every batch, steps, len, state.
     """
-    import datetime
 
     import torch
     import torch.distributed as dist
 
     from loaders import ShardStream, make_loader
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    result: dict[str, Any] = {}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    with gloo_rank(rank, world, port, out_dir) as result:
         for i, (view, batch_size, nw, options) in enumerate(runs):
             t0 = time.perf_counter()
             stream = ShardStream(root, view=view, batch_size=batch_size, shuffle=True, seed=3, **options)
@@ -173,13 +168,6 @@ def ddp_rank_main(rank: int, world: int, port: int, root: str, out_dir: str, run
             total = torch.tensor([float(sum(len(p) - sum(p) for _, p in seen))])
             dist.all_reduce(total)
             result[str(i)] = {"batches": seen, "steps": steps, "len": len(loader), "state": loader.state_dict(), "total": total.item(), "seconds": time.perf_counter() - t0}
-        dist.barrier()
-    except Exception:
-        result["error"] = traceback.format_exc()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
 
 def batch_digest(batch: dict) -> str:

@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
 import traceback
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from gloo_rank import gloo_rank
 
 # name -> (n_min, n_max, graphs, seed): three curriculum levels of different sizes
 LEVELS = {"small": (5, 8, 90, 11), "mid": (10, 13, 50, 12), "big": (16, 18, 30, 13)}
@@ -66,10 +65,7 @@ def mixture_rank_main(rank: int, world: int, port: int, roots: dict, spec: dict,
 
     from loaders import ShardStream, make_loader
 
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    result: dict[str, Any] = {}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    with gloo_rank(rank, world, port, out_dir) as result:
         for i, (view, batch_size, nw, options) in enumerate(runs):
             stream = ShardStream(make_mixture(roots, spec), view=view, batch_size=batch_size, seed=5, **options)
             loader = make_loader(stream, num_workers=nw, multiprocessing_context="fork" if nw else None)
@@ -80,13 +76,6 @@ def mixture_rank_main(rank: int, world: int, port: int, roots: dict, spec: dict,
                 dist.all_reduce(t)  # a rank with fewer steps would hang here
                 steps += 1
             result[str(i)] = {"batches": seen, "steps": steps, "len": len(loader), "state": loader.state_dict()}
-        dist.barrier()
-    except Exception:
-        result["error"] = traceback.format_exc()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
 
 def resume_ids(roots: dict, spec: dict, state: dict, view: str, batch_size: int, world: int, num_workers: int, options: dict) -> list:

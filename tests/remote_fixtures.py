@@ -7,18 +7,16 @@ The rank body lives here so that ``torch.multiprocessing.spawn`` children can im
 from __future__ import annotations
 
 import functools
-import json
-import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
+from gloo_rank import gloo_rank
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -88,7 +86,6 @@ def moto_s3(bucket: str = "cachebuild-test") -> Iterator[tuple[Any, dict]]:
 def remote_rank_main(rank: int, world: int, port: int, url: str, out_dir: str, remote: Any, batch_size: int, num_workers: int) -> None:
     """One DDP rank (gloo on loopback) streaming the remote cache ``url`` (graphs view, epoch 1),
     with an all_reduce per step. Writes ``out_dir/rank{r}.json``: ids, pad flags and digest of every batch, steps, len."""
-    import datetime
     import hashlib
 
     import torch
@@ -96,11 +93,7 @@ def remote_rank_main(rank: int, world: int, port: int, url: str, out_dir: str, r
 
     from loaders import ShardStream, make_loader
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    result: dict[str, Any] = {}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    with gloo_rank(rank, world, port, out_dir) as result:
         stream = ShardStream(url, view="graphs", batch_size=batch_size, shuffle=True, seed=3, remote=remote)
         # fork: a spawned rank's default start method is spawn, which re-imports torch per worker
         loader = make_loader(stream, num_workers=num_workers, prefetch_factor=2, multiprocessing_context="fork" if num_workers else None)
@@ -115,11 +108,4 @@ def remote_rank_main(rank: int, world: int, port: int, url: str, out_dir: str, r
             t = torch.tensor([float(batch["is_pad"].logical_not().sum())])
             dist.all_reduce(t)  # a rank with fewer steps would hang here
             steps += 1
-        result = {"batches": batches, "steps": steps, "len": len(loader)}
-        dist.barrier()
-    except Exception:
-        result["error"] = traceback.format_exc()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+        result.update({"batches": batches, "steps": steps, "len": len(loader)})
