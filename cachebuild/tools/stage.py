@@ -21,7 +21,7 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from cachebuild.builder.markers import file_sha256
 from cachebuild.errors import CacheBuildError, ConfigError, OutputError, ShardCorruptError
@@ -127,7 +127,7 @@ def _plan(src: Path, manifest: Manifest) -> list[_File]:
     return files
 
 
-def _read_stamp(dst: Path) -> dict | None:
+def _read_stamp(dst: Path) -> dict[str, Any] | None:
     try:
         doc = json.loads((dst / STAMP_NAME).read_bytes())
     except (OSError, ValueError):
@@ -135,12 +135,12 @@ def _read_stamp(dst: Path) -> dict | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else None
 
 
-def _write_stamp(dst: Path, src: Path, expected: set[str], files: dict[str, dict]) -> None:
+def _write_stamp(dst: Path, src: Path, expected: set[str], files: dict[str, dict[str, Any]]) -> None:
     doc = {"format": "cachebuild-stage", "version": 1, "source": str(src), "expected": sorted(expected), "files": files}
     atomic_write_bytes(dst / STAMP_NAME, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
-def _check_dst(src: Path, dst: Path) -> dict:
+def _check_dst(src: Path, dst: Path) -> dict[str, Any]:
     """Refuse a DST that is SRC, a file, or a folder with other content; return its stamp."""
     rs, rd = src.resolve(), dst.resolve()
     if rs == rd or rs in rd.parents or rd in rs.parents:
@@ -154,7 +154,7 @@ def _check_dst(src: Path, dst: Path) -> dict:
     return stamp or {"files": {}, "expected": []}
 
 
-def _is_current(path: Path, f: _File, entry: dict | None, rehash: bool) -> bool:
+def _is_current(path: Path, f: _File, entry: dict[str, Any] | None, rehash: bool) -> bool:
     """Whether DST already holds ``f``: the stamp's size+mtime+sha256, else its hash."""
     try:
         st = path.stat()
@@ -204,7 +204,7 @@ def _copy_file(src: Path, dst: Path, on_bytes: Callable[[int], None], stop: thre
             on_bytes(n)
 
 
-def _stage_one(src: Path, dst: Path, f: _File, on_bytes: Callable[[int], None], stop: threading.Event) -> tuple[dict | None, str | None]:
+def _stage_one(src: Path, dst: Path, f: _File, on_bytes: Callable[[int], None], stop: threading.Event) -> tuple[dict[str, Any] | None, str | None]:
     """Copy one file under a temp name, verify its sha256, rename. Returns (stamp entry, fault)."""
     final = dst / f.name
     tmp = tmp_name(final)
@@ -224,7 +224,7 @@ def _stage_one(src: Path, dst: Path, f: _File, on_bytes: Callable[[int], None], 
     return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": f.sha256}, None
 
 
-def _copy_all(src: Path, dst: Path, todo: list[_File], workers: int, progress: bool, entries: dict[str, dict]) -> list[str]:
+def _copy_all(src: Path, dst: Path, todo: list[_File], workers: int, progress: bool, entries: dict[str, dict[str, Any]]) -> list[str]:
     """Stage ``todo`` with a thread pool and a byte progress bar; verified files go into ``entries``."""
     from tqdm.auto import tqdm
 
@@ -326,7 +326,7 @@ def _check_structure(src: Path, manifest: Manifest, shards: set[str]) -> None:
                     reader.release([s])
 
 
-def _entry(path: Path, f: _File) -> dict:
+def _entry(path: Path, f: _File) -> dict[str, Any]:
     st = path.stat()
     return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": f.sha256}
 
