@@ -7,13 +7,22 @@ trained on (epoch, step, record ids) to ``OUT/TAG-rank<r>.jsonl``. It saves a
 checkpoint after every step (``OUT/TAG-steps/``) and at every epoch's end
 (``OUT/TAG-epochs/``). ``--die-at S`` kills every rank (``os._exit``) right
 after step ``S``, before that step's checkpoint: a crash mid-epoch.
+
+A run never hangs: every rank dumps its threads' stacks to stderr and exits
+after ``LIGHTNING_RUN_WATCHDOG_S`` seconds (default 240), collectives time out
+after 90 s, and a rank that fails stops the ranks Lightning launched from it
+(Lightning itself leaves them waiting on the dead rank for its 30-minute
+process-group timeout).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import faulthandler
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -22,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
 from loaders import ShardStream  # noqa: E402
 from loaders.lightning import StreamDataModule  # noqa: E402
@@ -53,6 +63,7 @@ class Die(pl.Callback):
 
 
 def main() -> None:
+    faulthandler.dump_traceback_later(float(os.environ.get("LIGHTNING_RUN_WATCHDOG_S", "240")), exit=True)
     ap = argparse.ArgumentParser()
     ap.add_argument("cache"), ap.add_argument("out"), ap.add_argument("tag")
     ap.add_argument("--ckpt"), ap.add_argument("--die-at", type=int), ap.add_argument("--devices", type=int, default=2)
@@ -67,7 +78,7 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=a.devices,
-        strategy="ddp" if a.devices > 1 else "auto",
+        strategy=DDPStrategy(timeout=datetime.timedelta(seconds=90)) if a.devices > 1 else "auto",
         max_epochs=2,
         callbacks=callbacks,
         logger=False,
@@ -75,7 +86,12 @@ def main() -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    trainer.fit(Tiny(out / a.tag), datamodule=dm, ckpt_path=a.ckpt)
+    try:
+        trainer.fit(Tiny(out / a.tag), datamodule=dm, ckpt_path=a.ckpt)
+    except BaseException:
+        for proc in getattr(trainer.strategy.launcher, "procs", []):  # the ranks this one launched
+            proc.send_signal(signal.SIGKILL)
+        raise
 
 
 if __name__ == "__main__":

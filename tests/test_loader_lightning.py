@@ -8,8 +8,10 @@ run must train on exactly the batches the reference trained on from there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +28,39 @@ SCRIPT = Path(__file__).with_name("lightning_run.py")
 RANKS = 2
 
 
-def _run(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
+RUN_TIMEOUT_S = 270
+"""A run's wall-clock bound (its ranks' own watchdog fires at 240 s); two attempts fit in the test's 600 s."""
+TRANSIENT = ("Address already in use", "EADDRINUSE", "Timeout (0:0")
+"""A run that failed with one of these is tried once more: the rendezvous port Lightning picks
+(free when it looked) was taken before its store bound it, or the run hung and its ranks' watchdog
+dumped their stacks. The first attempt's stderr is kept in the second's failure message."""
+
+
+def _attempt(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]))
-    return subprocess.run([sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra], env=env, capture_output=True, text=True, timeout=900)
+    cmd = [sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        stderr += f"\n[test] killed after {RUN_TIMEOUT_S} s"
+    finally:  # no rank or DataLoader worker outlives its run (a killed run orphans them)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _run(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
+    done = _attempt(cache, out, tag, *extra)
+    if done.returncode != 0 and any(t in done.stderr for t in TRANSIENT):
+        first = done.stderr[-6000:]
+        for stale in [*out.glob(f"{tag}-rank*.jsonl"), *out.glob(f"{tag}-steps/*"), *out.glob(f"{tag}-epochs/*")]:
+            stale.unlink()
+        done = _attempt(cache, out, tag, *extra)
+        done.stderr = f"{done.stderr}\n[test] first attempt, retried:\n{first}"
+    return done
 
 
 def _batches(out: Path, tag: str, rank: int) -> list[dict]:
