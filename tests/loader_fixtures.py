@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import tarfile
 import time
 import traceback
@@ -21,6 +20,7 @@ import zstandard
 
 from cachebuild.format import read_manifest
 from gloo_rank import gloo_rank
+from ports import free_port  # noqa: F401  (re-exported for the test modules)
 
 CAUSAL_GRAPHS = 200
 
@@ -126,12 +126,6 @@ def batches_equal(a: dict, b: dict) -> bool:
         if not np.array_equal(x.numpy().view(np.uint8), y.numpy().view(np.uint8)):
             return False
     return True
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ddp_rank_main(rank: int, world: int, port: int, root: str, out_dir: str, runs: list[tuple[str, int, int, dict]]) -> None:

@@ -17,6 +17,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 from gloo_rank import gloo_rank
+from ports import free_port
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -47,12 +48,6 @@ def serve_folder(folder: Path, requests: list[str] | None = None) -> Iterator[tu
     finally:
         server.shutdown()
         server.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

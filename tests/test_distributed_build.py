@@ -14,6 +14,7 @@ from cachebuild.format.manifest import read_manifest
 
 from cachebuild.builder.markers import file_sha256
 from conftest import build_toy
+from ports import free_port
 
 pytestmark = pytest.mark.dist
 
@@ -39,18 +40,12 @@ def test_dask_external_scheduler_address(tmp_path, toy_cache):
     assert _hashes(tmp_path / "d") == _hashes(toy_cache)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def s3_server(monkeypatch):
     """A moto S3 server on 127.0.0.1 (skipped when moto[server] is not installed)."""
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):

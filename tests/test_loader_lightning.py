@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from loader_fixtures import causal_cache  # noqa: F401
+from ports import free_port
 
 pytest.importorskip("lightning")
 
@@ -37,7 +38,8 @@ dumped their stacks. The first attempt's stderr is kept in the second's failure 
 
 
 def _attempt(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]))
+    # the rendezvous port, picked outside the ephemeral range (tests/ports.py) rather than by Lightning
+    env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     cmd = [sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
