@@ -74,7 +74,7 @@ def build(
     overrides: Iterable[str] = (),
     codec: str = "zstd",
     level: int | None = None,
-    pack: int = DEFAULT_PACK,
+    pack: int | None = None,
     shard_mb: float = 256,
     address: str | None = None,
     append: bool = False,
@@ -84,7 +84,7 @@ def build(
 
     ``what`` is a :class:`RecordSource` (then ``records`` is required and
     ``seed``, ``codec``, ``level``, ``pack`` (records per tar member, see
-    :mod:`cachebuild.format.packing`), ``shard_mb`` apply), or a recipe: a TOML
+    :mod:`cachebuild.format.packing`; default 256, with ``append`` the cache's own), ``shard_mb`` apply), or a recipe: a TOML
     path or a dict, whose ``kind`` picks the source and whose ``[build]``
     table sets codec and shard size (``overrides`` are ``"key=value"`` strings
     as with ``--set``). Same inputs give byte-identical shards for any
@@ -102,7 +102,7 @@ def build(
             out=out,
             records=records,
             seed=0 if seed is None else seed,
-            codec=parse_codec(codec, level, ("codec", "level", "pack"), pack),
+            codec=parse_codec(codec, level, ("codec", "level", "pack"), DEFAULT_PACK if pack is None else pack),
             shard_bytes=int(shard_mb * (1 << 20)),
             workers=workers,
             backend=backend,
@@ -111,6 +111,7 @@ def build(
             progress=progress,
             append=append,
             keep=keep,
+            pack_given=pack is not None,
         )
         return build_cache(what, opts)
     if not isinstance(what, (str, Path, Mapping)):

@@ -36,6 +36,7 @@ def recipe_options(
         progress=progress,
         append=append,
         keep=keep,
+        pack_given=recipe.pack_given,
     )
 
 

@@ -36,6 +36,8 @@ class Recipe:
     codec: Codec
     shard_bytes: int
     workers: int | None
+    pack_given: bool = False
+    """The recipe names ``build.pack`` (an append refuses one that packs otherwise than the cache)."""
 
 
 def _int(key: str, value: Any, minimum: int, maximum: int = 1 << 62) -> int:
@@ -78,4 +80,4 @@ def parse_recipe(doc: Mapping[str, Any], count_key: str = "graphs", default_code
     if codec.name == "none" and build.get("level") is not None:
         warnings.warn(f"build.level = {build['level']!r} has no effect: build.codec is 'none' (members are stored uncompressed; use --codec zstd to compress)", UserWarning, stacklevel=2)
     table = {k: v for k, v in doc.items() if k not in ("build", count_key)}
-    return Recipe(table, seed, count, codec, int(shard_mb * (1 << 20)), workers)
+    return Recipe(table, seed, count, codec, int(shard_mb * (1 << 20)), workers, "pack" in build)

@@ -54,6 +54,19 @@ def test_append_keeps_the_cache_pack_and_refuses_another(tmp_path: Path) -> None
     assert {s.pack for s in read_manifest(root).shards} == {8}
 
 
+def test_append_refuses_an_explicit_default_pack_too(tmp_path: Path) -> None:
+    """Asking for 256 (the default's value) is still asking: refused on a pack-1 cache, API and command line."""
+    root = tmp_path / "c"
+    _toy(root, pack=1)
+    before = folder_bytes(root)
+    with pytest.raises(ConfigError, match=r"build\.pack = 256: .* packs 1 records per tar member"):
+        _toy(root, records=50, append=True, pack=256)
+    recipe = toy_recipe(tmp_path)
+    refused = cli("build", "--config", str(recipe), "--out", str(root), "-q", "--append", "--records", "50", "--set", "build.pack=256", check=False)
+    assert refused.returncode == 2 and "build.pack = 256" in refused.stderr and "Traceback" not in refused.stderr
+    assert folder_bytes(root) == before
+
+
 def test_append_adds_a_generation_and_touches_nothing_there(tmp_path: Path) -> None:
     root = tmp_path / "c"
     _toy(root)

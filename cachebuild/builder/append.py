@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.builder.backends import run_jobs
-from cachebuild.format.packing import DEFAULT_PACK, effective_pack
+from cachebuild.format.packing import effective_pack
 from cachebuild.builder.builder import BuildOptions, BuildSummary, _build_shard, finished_shards, _fingerprint_doc, _index_of, _progress, records_per_shard
 from cachebuild.builder.generation_manifest import APPEND_RECORD, commit_generation, generation_table
 from cachebuild.builder.lock import build_lock
@@ -96,12 +96,12 @@ def _plan(manifest: Manifest, per_shard: int, records: int) -> list[ShardSpec]:
     return specs
 
 
-def _cache_pack(manifest: Manifest, asked: int, record_bytes: int, where: str) -> int:
+def _cache_pack(manifest: Manifest, asked: int, given: bool, record_bytes: int, where: str) -> int:
     """The cache's own ``pack``: a generation packs its records as the cache does, so old caches keep
-    their layout and the default (256) means "the cache's". Any other value that would pack
-    differently is refused rather than silently ignored."""
+    their layout and leaving ``pack`` out means "the cache's". A ``pack`` asked for (``given``, even
+    256) that would pack differently is refused rather than silently ignored."""
     own = manifest.codec.pack
-    if asked != DEFAULT_PACK and effective_pack(asked, record_bytes) != own:
+    if given and effective_pack(asked, record_bytes) != own:
         raise ConfigError(f"build.pack = {asked}: the cache at {where} packs {own} records per tar member (its codec.pack), and an append packs as the cache does: leave --pack / build.pack out")
     return own
 
@@ -122,7 +122,7 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
     manifest = read_manifest(out.path)
     if manifest.kind != source.kind:
         raise CacheMismatchError(f"{out.path} holds a cache of kind {manifest.kind!r}, this recipe builds {source.kind!r}; an append must use the cache's own recipe")
-    opts = replace(opts, codec=replace(opts.codec, pack=_cache_pack(manifest, opts.codec.pack, source.estimated_record_bytes(), str(out.path))))
+    opts = replace(opts, codec=replace(opts.codec, pack=_cache_pack(manifest, opts.codec.pack, opts.pack_given, source.estimated_record_bytes(), str(out.path))))
     base_doc = _fingerprint_doc(source, opts, per_shard)
     _check_recipe(manifest, base_doc, str(out.path))
     generation = generation_of(manifest) + 1

@@ -65,6 +65,7 @@ class BuildOptions:
     storage_options: dict[str, Any] = field(default_factory=dict)
     append: bool = False  # add a generation to the cache at ``out`` (see cachebuild.builder.append)
     keep: int | None = None  # with append: keep only the newest ``keep`` generations listed
+    pack_given: bool = False  # codec.pack was asked for (not the default): an append refuses one that packs otherwise than the cache
 
     def validate(self) -> None:
         if not isinstance(self.records, int) or isinstance(self.records, bool) or not 1 <= self.records <= MAX_RECORDS:
