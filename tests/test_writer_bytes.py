@@ -88,12 +88,19 @@ def _bad_at_seven(rng: np.random.Generator, index: int, kind: str) -> dict:
         record["meta"] = {"i": object()}
     if index == 7 and kind == "dims":
         record["x"] = np.zeros((1,) * 6, np.float32)
+    if index == 7 and kind == "json_size":  # readers refuse a JSON entry over 16 MiB: the writer must too (found in review)
+        record["meta"] = {"blob": "x" * (16 << 20)}
     return record
 
 
 @pytest.mark.parametrize(
     "kind,words",
-    [("dtype", "expected dtype float32, got float16"), ("json", "not JSON-able"), ("dims", "6 dims > 5")],
+    [
+        ("dtype", "expected dtype float32, got float16"),
+        ("json", "not JSON-able"),
+        ("dims", "6 dims > 5"),
+        ("json_size", "field 'meta' of record 0000000007: JSON of 16777227 bytes is over the 16777216 bytes a reader accepts"),
+    ],
 )
 def test_a_bad_record_inside_a_block_is_named(tmp_path: Path, kind: str, words: str) -> None:
     from cachebuild.builder import BuildOptions, build_cache
