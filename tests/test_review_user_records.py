@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +13,8 @@ import pytest
 from cachebuild import FunctionSource, build
 from cachebuild.errors import ConfigError
 from loaders import ShardStream
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _clashing(rng: np.random.Generator, index: int) -> dict:
@@ -36,3 +41,30 @@ def test_leaving_the_clashing_fields_out_streams_the_rest(clashing_cache: Path) 
     stream = ShardStream(clashing_cache, view="records", batch_size=4, fields=["x"], shuffle=False)
     ids = np.concatenate([b["record_id"].numpy() for b in stream])
     assert sorted(ids.tolist()) == list(range(20))
+
+
+BAD_SCHEMA_CODE = """
+import numpy as np
+from cachebuild import FunctionSource
+
+def rec(rng, index):
+    return {"a.b": np.zeros(2, np.float32)}
+
+dotted = FunctionSource.per_record(rec, {"a.b": "float32"})
+complex_ = FunctionSource.per_record(rec, {"ab": "complex64"})
+"""
+
+
+@pytest.mark.parametrize(
+    "kind,words",
+    [("dotted", ["field name 'a.b' is not allowed"]), ("complex_", ["field 'ab' dtype = 'complex64' is not an allowed dtype"])],
+)
+def test_a_schema_no_reader_accepts_is_one_line_before_anything_is_written(tmp_path: Path, kind: str, words: list[str]) -> None:
+    (tmp_path / "badschema.py").write_text(BAD_SCHEMA_CODE)
+    (tmp_path / "bad.toml").write_text(f'kind = "badschema:{kind}"\nrecords = 10\n')
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "cachebuild.cli", "build", "--config", "bad.toml", "--out", "c", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr  # was: a ValueError traceback from a build worker, exit 1
+    assert lines[0].startswith("error: source 'badschema:rec': ") and all(w in lines[0] for w in words), lines[0]
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").glob("shard-*"))

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cachebuild.builder.backends import BACKENDS, run_jobs
-from cachebuild.builder.checked import block_records_of, fill_shard, probe_source
+from cachebuild.builder.checked import block_records_of, check_schema, fill_shard, probe_source
 from cachebuild.builder.determinism import build_environment, source_determinism
 from cachebuild.builder.lock import LOCK_NAME, build_lock
 from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
@@ -277,6 +277,7 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
     """Build (or finish, or confirm) the cache described by ``source`` and ``opts`` (not an append:
     :func:`cachebuild.builder.build_cache` picks this or :func:`cachebuild.builder.append.append_cache`)."""
     opts.validate()
+    check_schema(source)
     t0 = time.perf_counter()
     record_bytes = source.estimated_record_bytes()
     if record_bytes > MAX_MEMBER_BYTES:
