@@ -6,13 +6,14 @@ from pathlib import Path
 
 import click
 
+from cachebuild.cli.params import LOCAL_FOLDER
 from cachebuild.cli.errors import friendly
 
 __all__ = ["stage_command", "unstage_command"]
 
 
 @click.command("stage")
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", type=LOCAL_FOLDER)
 @click.argument("dst", type=click.Path(path_type=Path), required=False)
 @click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel copy+verify threads [default: min(4, cores)].")
 @click.option("--rehash", is_flag=True, help="Re-hash files already staged instead of trusting their size+mtime stamp.")

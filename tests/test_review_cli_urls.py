@@ -1,0 +1,26 @@
+"""Found in review: the local-folder commands given a URL (the loader and the builders take URLs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cachebuild.cli import main
+
+
+@pytest.mark.parametrize("command", [["verify"], ["inspect"], ["stage"], ["bench"], ["prune"]])
+def test_a_remote_url_is_refused_naming_it_and_the_way_out(command: list[str]) -> None:
+    res = CliRunner().invoke(main, [*command, "http://127.0.0.1:9/cache"])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1, res.output  # was: "no cache manifest at http:/127.0.0.1:9/..." (exit 3)
+    assert "http://127.0.0.1:9/cache" in lines[0] and "local folder" in lines[0], lines[0]
+
+
+def test_a_file_url_reads_the_local_folder(tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    assert CliRunner().invoke(main, ["generate", "--graphs", "20", "--out", f"file://{out}", "-q", "-j", "1"]).exit_code == 0
+    for command in (["verify", "-q"], ["inspect"]):
+        res = CliRunner().invoke(main, [command[0], f"file://{out}", *command[1:]])
+        assert res.exit_code == 0, res.output
