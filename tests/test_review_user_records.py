@@ -68,3 +68,29 @@ def test_a_schema_no_reader_accepts_is_one_line_before_anything_is_written(tmp_p
     assert res.returncode == 2 and len(lines) == 1, res.stderr  # was: a ValueError traceback from a build worker, exit 1
     assert lines[0].startswith("error: source 'badschema:rec': ") and all(w in lines[0] for w in words), lines[0]
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").glob("shard-*"))
+
+
+GOOD_CODE = """
+import numpy as np
+from cachebuild import FunctionSource
+
+def rec(rng, index):
+    return {"x": rng.standard_normal(4).astype(np.float32)}
+
+source = FunctionSource.per_record(rec, {"x": "float32"})
+"""
+
+
+def test_build_takes_pack_like_generate_and_mel(tmp_path: Path) -> None:
+    """README: records per member are ``--pack`` or ``build.pack``; ``build`` had only the latter."""
+    import json
+
+    (tmp_path / "goodsrc.py").write_text(GOOD_CODE)
+    (tmp_path / "r.toml").write_text('kind = "goodsrc:source"\nrecords = 40\n')
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for pack, version in ((1, 1), (3, 3)):
+        args = ["build", "--config", "r.toml", "--out", f"c{pack}", "--pack", str(pack), "-q", "-j", "1"]
+        res = subprocess.run([sys.executable, "-m", "cachebuild.cli", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        manifest = json.loads((tmp_path / f"c{pack}" / "manifest.json").read_text())
+        assert manifest["version"] == version and manifest["codec"].get("pack", 1) == pack
