@@ -354,7 +354,7 @@ def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output,
         config=source.config_dict(),
         seed=opts.seed,
         codec=opts.codec,
-        fields=schemas_from_indexes(fields, indexes),
+        fields=schemas_from_indexes(fields, indexes, [s.name for s in shards]),
         shards=tuple(shards),
         build={
             "fingerprint": fingerprint,
