@@ -94,3 +94,22 @@ def test_build_takes_pack_like_generate_and_mel(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
         manifest = json.loads((tmp_path / f"c{pack}" / "manifest.json").read_text())
         assert manifest["version"] == version and manifest["codec"].get("pack", 1) == pack
+
+
+def _small(rng: np.random.Generator, index: int) -> dict:
+    return {"x": rng.standard_normal(3).astype(np.float32)}
+
+
+def test_a_packed_cache_s_low_ratio_does_not_advise_pack(tmp_path: Path) -> None:
+    """A tiny packed cache stores less than its data (tar framing, indexes); the summary and
+    ``inspect`` used to advise ``--pack N`` to a cache that already packs 256 records per member."""
+    from cachebuild.tools.inspect import inspect_cache
+
+    source = FunctionSource.per_record(_small, {"x": "float32"})
+    lines = build(source, tmp_path / "c", records=40, workers=1, progress=False).lines()
+    said = [line for line in lines if "ratio" in line][0]
+    assert "tar headers and padding" in said and "--pack" not in said and "one per 256 records and field" in said, said
+    shown = [line for line in inspect_cache(tmp_path / "c", 0) if "ratio" in line][0]
+    assert "--pack" not in shown and "one per 256 records and field" in shown, shown
+    lines = build(source, tmp_path / "one", records=40, workers=1, progress=False, pack=1).lines()
+    assert "--pack N lets N records share one" in [line for line in lines if "ratio" in line][0]

@@ -88,11 +88,13 @@ def _n(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def ratio_text(ratio: float) -> str:
-    """The compression ratio, saying why a cache can be larger than its data (tar framing, e.g. a raw cache)."""
+def ratio_text(ratio: float, pack: int = 1) -> str:
+    """The compression ratio, saying why a cache can be larger than its data (tar framing, e.g. a raw
+    cache); ``--pack`` is advised only to a cache of one record per member (``pack`` 1)."""
     if ratio >= 0.9 or ratio == 0.0:  # (a raw packed cache stores ~0.98x: tar framing and the index)
         return f"ratio {ratio:.2f}x"
-    return f"ratio {ratio:.2f}x: tar headers and padding (about 1 KB per member; --pack N lets N records share one) outweigh what compression saved, if any"
+    members = "--pack N lets N records share one" if pack == 1 else f"one per {pack} records and field"
+    return f"ratio {ratio:.2f}x: tar headers and padding (about 1 KB per member; {members}) outweigh what compression saved, if any"
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class BuildSummary:
     already_complete: bool = False
     generation: int | None = None  # an append: the generation it committed, and those the manifest lists
     generations: tuple[int, ...] = ()
+    pack: int = 1  # records per tar member (for the ratio's explanation)
 
     @property
     def ratio(self) -> float:
@@ -127,12 +130,12 @@ class BuildSummary:
             return [
                 f"appended generation {self.generation} to {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} "
                 f"({self.built} built, {self.skipped} already done); the manifest lists generations {listed}",
-                f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio)})",
+                f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack)})",
                 f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s{built}",
             ]
         return [
             f"built {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} ({self.built} built, {self.skipped} already done)",
-            f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio)})",
+            f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack)})",
             f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s, {mbs:,.0f} MB/s raw{built}",
         ]
 
@@ -303,7 +306,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     if _prepare_out(out, doc, opts.overwrite, lambda: probe_source(source, opts.seed, plan[0])):
         m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
         raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
-        return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True)
+        return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack)
     out.write_json(BUILD_RECORD, {"fingerprint": fingerprint, "doc": doc, "kind": source.kind, "records": opts.records, "records_per_shard": per_shard}, opts.sync)
 
     deep = isinstance(out, LocalOutput)
@@ -329,7 +332,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     _write_final_manifest(source, opts, out, shards, fingerprint, per_shard)
     out.remove(BUILD_RECORD)
     raw, stored = sum(s.raw_bytes for s in shards), sum(s.bytes for s in shards)
-    return BuildSummary(out.location, opts.records, len(plan), len(todo), skipped, raw, stored, time.perf_counter() - t0)
+    return BuildSummary(out.location, opts.records, len(plan), len(todo), skipped, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack)
 
 
 def _index_of(shard: ShardEntry) -> int:
