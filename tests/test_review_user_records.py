@@ -113,3 +113,11 @@ def test_a_packed_cache_s_low_ratio_does_not_advise_pack(tmp_path: Path) -> None
     assert "--pack" not in shown and "one per 256 records and field" in shown, shown
     lines = build(source, tmp_path / "one", records=40, workers=1, progress=False, pack=1).lines()
     assert "--pack N lets N records share one" in [line for line in lines if "ratio" in line][0]
+
+
+def test_a_rerun_that_builds_nothing_says_so_rather_than_zero_per_second(tmp_path: Path) -> None:
+    source = FunctionSource.per_record(_small, {"x": "float32"})
+    build(source, tmp_path / "c", records=40, workers=1, progress=False)
+    (tmp_path / "c" / "manifest.json").unlink()  # every shard done, the manifest lost: the rerun only writes it
+    last = build(source, tmp_path / "c", records=40, workers=1, progress=False).lines()[-1]
+    assert "0 records/s" not in last and "the 0 shards" not in last and "every shard was already built" in last, last

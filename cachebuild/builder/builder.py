@@ -133,10 +133,13 @@ class BuildSummary:
                 f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack)})",
                 f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s{built}",
             ]
+        timing = f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s, {mbs:,.0f} MB/s raw{built}"
+        if self.built == 0:  # a rerun that found every shard built (its manifest was missing): nothing to rate
+            timing = f"time {self.seconds:.2f} s: every shard was already built, the manifest is written"
         return [
             f"built {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} ({self.built} built, {self.skipped} already done)",
             f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack)})",
-            f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s, {mbs:,.0f} MB/s raw{built}",
+            timing,
         ]
 
 
