@@ -24,3 +24,15 @@ def test_a_file_url_reads_the_local_folder(tmp_path: Path) -> None:
     for command in (["verify", "-q"], ["inspect"]):
         res = CliRunner().invoke(main, [command[0], f"file://{out}", *command[1:]])
         assert res.exit_code == 0, res.output
+
+
+def test_stage_and_unstage_take_a_file_url_destination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stage SRC file:///x`` made a folder named ``file:`` in the current folder (click.Path)."""
+    monkeypatch.chdir(tmp_path)
+    src, dst = tmp_path / "c", tmp_path / "staged"
+    assert CliRunner().invoke(main, ["generate", "--graphs", "20", "--out", str(src), "-q", "-j", "1"]).exit_code == 0
+    res = CliRunner().invoke(main, ["stage", str(src), f"file://{dst}", "-q"])
+    assert res.exit_code == 0 and (dst / "manifest.json").is_file() and not (tmp_path / "file:").exists(), res.output
+    assert CliRunner().invoke(main, ["unstage", f"file://{dst}"]).exit_code == 0 and not dst.exists()
+    res = CliRunner().invoke(main, ["stage", str(src), "s3://bucket/x"])
+    assert res.exit_code == 2 and "s3://bucket/x is a URL" in res.output, res.output
