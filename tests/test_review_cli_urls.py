@@ -36,3 +36,9 @@ def test_stage_and_unstage_take_a_file_url_destination(tmp_path: Path, monkeypat
     assert CliRunner().invoke(main, ["unstage", f"file://{dst}"]).exit_code == 0 and not dst.exists()
     res = CliRunner().invoke(main, ["stage", str(src), "s3://bucket/x"])
     assert res.exit_code == 2 and "s3://bucket/x is a URL" in res.output, res.output
+
+
+def test_an_unknown_top_level_key_lists_the_build_table_too(tmp_path: Path) -> None:
+    """``--set shard_mb=4`` should point at ``build.shard_mb``: the list of known keys left ``build`` out."""
+    res = CliRunner().invoke(main, ["generate", "--graphs", "10", "--out", str(tmp_path / "c"), "--set", "shard_mb=4", "-q"])
+    assert res.exit_code == 2 and "unknown config key 'shard_mb'" in res.output and "build" in res.output.split("(known")[1], res.output
