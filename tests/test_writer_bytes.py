@@ -88,12 +88,22 @@ def _bad_at_seven(rng: np.random.Generator, index: int, kind: str) -> dict:
         record["meta"] = {"i": object()}
     if index == 7 and kind == "dims":
         record["x"] = np.zeros((1,) * 6, np.float32)
+    if index == 7 and kind == "rank":  # every reader refuses a field whose number of dims varies (found in review)
+        record["x"] = np.zeros((3, 1), np.float32)
+    if index == 7 and kind == "json_size":  # readers refuse a JSON entry over 16 MiB: the writer must too (found in review)
+        record["meta"] = {"blob": "x" * (16 << 20)}
     return record
 
 
 @pytest.mark.parametrize(
     "kind,words",
-    [("dtype", "expected dtype float32, got float16"), ("json", "not JSON-able"), ("dims", "6 dims > 5")],
+    [
+        ("dtype", "expected dtype float32, got float16"),
+        ("json", "not JSON-able"),
+        ("dims", "6 dims > 5"),
+        ("rank", "field 'x' of record 0000000007: 2 dims, but record 0000000000 has 1"),
+        ("json_size", "field 'meta' of record 0000000007: JSON of 16777227 bytes is over the 16777216 bytes a reader accepts"),
+    ],
 )
 def test_a_bad_record_inside_a_block_is_named(tmp_path: Path, kind: str, words: str) -> None:
     from cachebuild.builder import BuildOptions, build_cache
@@ -106,3 +116,20 @@ def test_a_bad_record_inside_a_block_is_named(tmp_path: Path, kind: str, words: 
         build_cache(source, opts)
     assert "shard 0 record 7 " in str(err.value) and words in str(err.value)
     assert not any(p.name.endswith(".tar") for p in (tmp_path / "c").iterdir())
+
+
+def _rank_from_ten(rng: np.random.Generator, index: int) -> dict:
+    return {"x": np.zeros((2,) * (1 + (index >= 10)), np.float32)}
+
+
+def test_a_field_whose_dims_change_between_shards_is_refused(tmp_path: Path) -> None:
+    """Each shard alone is consistent; the manifest's one rank per field is not (found in review)."""
+    from cachebuild.builder import BuildOptions, build_cache
+    from cachebuild.errors import SourceError
+    from cachebuild.function_source import FunctionSource
+
+    source = FunctionSource.per_record(_rank_from_ten, {"x": "float32"}, block_records=5)
+    opts = BuildOptions(out=tmp_path / "c", records=20, workers=1, progress=False, sync=False, shard_bytes=40)
+    with pytest.raises(SourceError, match=r"field 'x': shard-00002.tar has records of 2 dims, shard-00000.tar of 1"):
+        build_cache(source, opts)
+    assert not (tmp_path / "c" / "manifest.json").exists()

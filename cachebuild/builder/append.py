@@ -163,6 +163,7 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
         stored,
         time.perf_counter() - t0,
         generation=generation,
+        pack=opts.codec.pack,
         generations=tuple(g["generation"] for g in generation_table(committed)),
     )
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cachebuild.builder.backends import BACKENDS, run_jobs
-from cachebuild.builder.checked import block_records_of, fill_shard, probe_source
+from cachebuild.builder.checked import block_records_of, check_schema, fill_shard, probe_source
 from cachebuild.builder.determinism import build_environment, source_determinism
 from cachebuild.builder.lock import LOCK_NAME, build_lock
 from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
@@ -89,11 +89,13 @@ def _n(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def ratio_text(ratio: float) -> str:
-    """The compression ratio, saying why a cache can be larger than its data (tar framing, e.g. a raw cache)."""
+def ratio_text(ratio: float, pack: int = 1) -> str:
+    """The compression ratio, saying why a cache can be larger than its data (tar framing, e.g. a raw
+    cache); ``--pack`` is advised only to a cache of one record per member (``pack`` 1)."""
     if ratio >= 0.9 or ratio == 0.0:  # (a raw packed cache stores ~0.98x: tar framing and the index)
         return f"ratio {ratio:.2f}x"
-    return f"ratio {ratio:.2f}x: tar headers and padding (about 1 KB per member; --pack N lets N records share one) outweigh what compression saved, if any"
+    members = "--pack N lets N records share one" if pack == 1 else f"one per {pack} records and field"
+    return f"ratio {ratio:.2f}x: tar headers and padding (about 1 KB per member; {members}) outweigh what compression saved, if any"
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class BuildSummary:
     already_complete: bool = False
     generation: int | None = None  # an append: the generation it committed, and those the manifest lists
     generations: tuple[int, ...] = ()
+    pack: int = 1  # records per tar member (for the ratio's explanation)
 
     @property
     def ratio(self) -> float:
@@ -128,13 +131,16 @@ class BuildSummary:
             return [
                 f"appended generation {self.generation} to {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} "
                 f"({self.built} built, {self.skipped} already done); the manifest lists generations {listed}",
-                f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio)})",
+                f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack)})",
                 f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s{built}",
             ]
+        timing = f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s, {mbs:,.0f} MB/s raw{built}"
+        if self.built == 0:  # a rerun that found every shard built (its manifest was missing): nothing to rate
+            timing = f"time {self.seconds:.2f} s: every shard was already built, the manifest is written"
         return [
             f"built {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} ({self.built} built, {self.skipped} already done)",
-            f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio)})",
-            f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s, {mbs:,.0f} MB/s raw{built}",
+            f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack)})",
+            timing,
         ]
 
 
@@ -278,6 +284,7 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
     """Build (or finish, or confirm) the cache described by ``source`` and ``opts`` (not an append:
     :func:`cachebuild.builder.build_cache` picks this or :func:`cachebuild.builder.append.append_cache`)."""
     opts.validate()
+    check_schema(source)
     t0 = time.perf_counter()
     record_bytes = source.estimated_record_bytes()
     if record_bytes > MAX_MEMBER_BYTES:
@@ -303,7 +310,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     if _prepare_out(out, doc, opts.overwrite, lambda: probe_source(source, opts.seed, plan[0])):
         m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
         raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
-        return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True)
+        return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack)
     out.write_json(BUILD_RECORD, {"fingerprint": fingerprint, "doc": doc, "kind": source.kind, "records": opts.records, "records_per_shard": per_shard}, opts.sync)
 
     deep = isinstance(out, LocalOutput)
@@ -329,7 +336,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     _write_final_manifest(source, opts, out, shards, fingerprint, per_shard)
     out.remove(BUILD_RECORD)
     raw, stored = sum(s.raw_bytes for s in shards), sum(s.bytes for s in shards)
-    return BuildSummary(out.location, opts.records, len(plan), len(todo), skipped, raw, stored, time.perf_counter() - t0)
+    return BuildSummary(out.location, opts.records, len(plan), len(todo), skipped, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack)
 
 
 def _index_of(shard: ShardEntry) -> int:
@@ -354,7 +361,7 @@ def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output,
         config=source.config_dict(),
         seed=opts.seed,
         codec=opts.codec,
-        fields=schemas_from_indexes(fields, indexes),
+        fields=schemas_from_indexes(fields, indexes, [s.name for s in shards]),
         shards=tuple(shards),
         build={
             "fingerprint": fingerprint,

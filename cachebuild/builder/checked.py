@@ -13,17 +13,31 @@ from typing import Any, Callable, Mapping, Sequence
 
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec
 from cachebuild.builder.source import RecordSource
-from cachebuild.errors import CacheBuildError, SourceError
+from cachebuild.errors import CacheBuildError, ConfigError, ManifestError, SourceError
+from cachebuild.format.limits import FIELD_NAME_RE, check_dtype
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.shard_writer import ShardWriter
 
-__all__ = ["fill_shard", "probe_source", "record_problem", "source_error", "block_records_of"]
+__all__ = ["fill_shard", "probe_source", "record_problem", "source_error", "block_records_of", "check_schema"]
 
 
 def block_records_of(source: RecordSource) -> int:
     """The source's block size for the fingerprint; sources written before it was
     part of the protocol fall back to the old recorded constant."""
     return int(getattr(source, "block_records", BLOCK_RECORDS))
+
+
+def check_schema(source: RecordSource) -> None:
+    """Refuse, before anything is made or written, a schema that every reader would refuse
+    (a field name outside ``[A-Za-z0-9_-]``, a dtype outside the closed set): one line naming
+    the source, the field and the value, instead of a writer's traceback from a build worker."""
+    for name, dtype in source.fields():
+        if not isinstance(name, str) or not FIELD_NAME_RE.fullmatch(name):
+            raise ConfigError(f"source {source.kind!r}: field name {name!r} is not allowed (letters, digits, _ and -, at most 64)")
+        try:
+            check_dtype(dtype, f"field '{name}' dtype", "schema")
+        except ManifestError as exc:
+            raise ConfigError(f"source {source.kind!r}: {str(exc).removeprefix('schema: ')}") from None
 
 
 def record_problem(record: Any, fields: Sequence[tuple[str, str]]) -> str:

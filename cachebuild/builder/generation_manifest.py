@@ -63,7 +63,7 @@ def _next_manifest(root: Path, old: Manifest, new: list[ShardEntry], entry: dict
     first_kept = int(table[0]["first_shard"])
     shards = tuple(s for s in old.shards if shard_number(s.name) >= first_kept) + tuple(new)
     fields = [(f.name, f.dtype) for f in old.fields]
-    fields_schema = schemas_from_indexes(fields, [_load_index(root, s.index) for s in shards])
+    fields_schema = schemas_from_indexes(fields, [_load_index(root, s.index) for s in shards], [s.name for s in shards])
     build = dict(old.build)
     build.update(
         generation=int(entry["generation"]),

@@ -324,7 +324,7 @@ def parse_causal_config(data: Mapping[str, Any]) -> CausalConfig:
         raise ConfigError.bad_value("<causal config>", data, "must be a table")
     for k in data:
         if k not in _SECTIONS and k not in IGNORED_TOP_LEVEL_KEYS:
-            raise ConfigError(f"unknown config key '{k}' (known: {', '.join(_SECTIONS)})")
+            raise ConfigError(f"unknown config key '{k}' (known: {', '.join(_SECTIONS)}; and the recipe's seed, graphs and [build] table: shard_mb, codec, level, pack, workers)")
     return CausalConfig(
         graph=_parse_graph(data),
         mechanism=_parse_mechanism(data),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from cachebuild.cli.params import LOCAL_FOLDER
 from cachebuild.cli.errors import friendly
 
 __all__ = ["bench_command"]
@@ -18,7 +19,7 @@ _VIEWS = "graphs, twins (causal), mel, mel_files (mel), records (any)"
 
 
 @click.command("bench")
-@click.argument("cache", type=click.Path(path_type=Path))
+@click.argument("cache", type=LOCAL_FOLDER)
 @click.option("--view", default=None, help=f"View to drain: {_VIEWS} [default: by cache kind: causal -> graphs, mel -> mel, else records].")
 @click.option("--batch-size", "-b", type=int, default=None, help="Rows per batch [default: graphs 256, twins 4096, mel 8192, mel_files 64, records 256].")
 @click.option("--workers", "-j", type=click.IntRange(min=0), default=1, show_default=True, help="Loader worker processes (0: build batches in this process).")

@@ -159,6 +159,13 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
 @click.option("--records", "-n", type=click.IntRange(min=1), default=None, help="Number of records [default: the recipe's count key: graphs, records].")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Base seed [default: the recipe's, else 0].")
 @click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel worker processes (default: all cores).")
+@click.option(
+    "--pack",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Records per tar member (build.pack) [default: the recipe's, else 256, fewer if that passes 16 MB; with --append: the cache's own; 1: one member per record and field, the layout of format v1].",
+)
 @click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help="joblib backend that runs the shards.")
 @click.option("--address", "--scheduler", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
@@ -173,6 +180,7 @@ def build_command(
     records: int | None,
     seed: int | None,
     workers: int | None,
+    pack: int | None,
     backend: str,
     address: str | None,
     overwrite: bool,
@@ -187,7 +195,7 @@ def build_command(
     kind = "mel"               log-mel segments; needs [source] h5 = FILE | wav = DIR | synthetic = N
     kind = "mymod:make"        your own source: a RecordSource, or a factory called with [params]
 
-    How the shards are stored comes from the recipe's [build] table (or --set):
+    How the shards are stored comes from the recipe's [build] table (or --set; --pack N sets build.pack):
     shard_mb (256), codec (zstd, or none; mel: none), level (1), pack (records per tar
     member: 256, fewer if that passes 16 MB; 1 writes format v1), workers.
 
@@ -196,6 +204,8 @@ def build_command(
     """
     from cachebuild.api import build_recipe
 
+    if pack is not None:  # the flag is the recipe key, as in `generate` and `mel`
+        overrides = (*overrides, f"build.pack={pack}")
     summary, unit = build_recipe(
         config_path, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=not quiet, append=append, keep=keep
     )

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import click
 
+from cachebuild.cli.params import LOCAL_FOLDER
 from cachebuild.cli.errors import EXIT_FAULTS, fail, friendly
 
 __all__ = ["verify_command", "inspect_command"]
 
 
 @click.command("verify")
-@click.argument("cache", type=click.Path(path_type=Path))
+@click.argument("cache", type=LOCAL_FOLDER)
 @click.option("--no-decode", is_flag=True, help="Only check sizes and checksums, do not decode every record.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
@@ -42,7 +43,7 @@ def _generation_note(cache: Path) -> str:
 
 
 @click.command("inspect")
-@click.argument("cache", type=click.Path(path_type=Path))
+@click.argument("cache", type=LOCAL_FOLDER)
 @click.option("--record", type=int, default=0, show_default=True, help="Which record to summarise.")
 @friendly
 def inspect_command(cache: Path, record: int) -> None:

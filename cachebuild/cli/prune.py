@@ -6,13 +6,14 @@ from pathlib import Path
 
 import click
 
+from cachebuild.cli.params import LOCAL_FOLDER
 from cachebuild.cli.errors import friendly
 
 __all__ = ["prune_command"]
 
 
 @click.command("prune")
-@click.argument("cache", type=click.Path(path_type=Path))
+@click.argument("cache", type=LOCAL_FOLDER)
 @friendly
 def prune_command(cache: Path) -> None:
     """Delete shards of CACHE that neither its newest generation nor a reader's generation lists.

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import click
 
+from cachebuild.cli.params import LOCAL_FOLDER
 from cachebuild.cli.errors import friendly
 
 __all__ = ["stage_command", "unstage_command"]
 
 
 @click.command("stage")
-@click.argument("src", type=click.Path(path_type=Path))
-@click.argument("dst", type=click.Path(path_type=Path), required=False)
+@click.argument("src", type=LOCAL_FOLDER)
+@click.argument("dst", type=LOCAL_FOLDER, required=False)
 @click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel copy+verify threads [default: min(4, cores)].")
 @click.option("--rehash", is_flag=True, help="Re-hash files already staged instead of trusting their size+mtime stamp.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -39,7 +40,7 @@ def stage_command(src: Path, dst: Path | None, workers: int | None, rehash: bool
 
 
 @click.command("unstage")
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("dst", type=LOCAL_FOLDER)
 @friendly
 def unstage_command(dst: Path) -> None:
     """Remove a cache staged by `cachebuild stage` from DST (refuses any other folder)."""

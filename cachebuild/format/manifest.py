@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from cachebuild.errors import ManifestError
+from cachebuild.errors import ManifestError, SourceError
 from cachebuild.format.codec import Codec, parse_codec
 from cachebuild.format.limits import MAX_MANIFEST_BYTES, check_manifest, load_json_bounded
 from cachebuild.format.names import FORMAT_NAME, FORMAT_VERSION, JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION
@@ -185,8 +185,11 @@ def read_manifest(root: str | Path) -> Manifest:
     return Manifest.from_json(data, str(root))
 
 
-def schemas_from_indexes(fields: Sequence[tuple[str, str]], indexes: Sequence[np.ndarray]) -> tuple[FieldSchema, ...]:
-    """Field schemas (max/min shape per axis) computed from the shards' indexes."""
+def schemas_from_indexes(fields: Sequence[tuple[str, str]], indexes: Sequence[np.ndarray], names: Sequence[str] = ()) -> tuple[FieldSchema, ...]:
+    """Field schemas (max/min shape per axis) computed from the shards' indexes (of the shards ``names``).
+
+    A field whose number of dims differs between shards (each shard's writer keeps it within the
+    shard) raises :class:`~cachebuild.errors.SourceError`: no reader accepts such a cache."""
     out = []
     for j, (name, dtype) in enumerate(fields):
         if dtype == JSON_DTYPE or not indexes or sum(len(ix) for ix in indexes) == 0:
@@ -194,6 +197,11 @@ def schemas_from_indexes(fields: Sequence[tuple[str, str]], indexes: Sequence[np
             continue
         cols = [ix[:, j] for ix in indexes if len(ix)]
         ndim = int(cols[0]["ndim"][0])
+        ranks = [int(c["ndim"][0]) for c in cols]
+        if any(r != ndim for r in ranks):
+            shard = [names[k] if k < len(names) else f"shard {k}" for k, ix in enumerate(indexes) if len(ix)]
+            k = next(k for k, r in enumerate(ranks) if r != ndim)
+            raise SourceError(f"field {name!r}: {shard[k]} has records of {ranks[k]} dims, {shard[0]} of {ndim} (a field keeps one number of dims in every record)")
         shapes = np.concatenate([c["shape"][:, :ndim] for c in cols])
         out.append(FieldSchema(name, dtype, ndim, tuple(int(v) for v in shapes.max(0)), tuple(int(v) for v in shapes.min(0))))
     return tuple(out)

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from cachebuild.format.index import INDEX_DTYPE, MAX_NDIM
+from cachebuild.format.limits import MAX_JSON_BYTES
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.npy import npy_headers
 from cachebuild.format.packing import group_starts, tar_order
@@ -160,6 +161,9 @@ def _json_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[[
             texts.append(dumps(v, sort_keys=True, separators=(",", ":")).encode())
         except (TypeError, ValueError) as exc:
             raise MemberError(f"field '{spec.name}' of record {key_of(i)}: not JSON-able ({exc})", i) from exc
+    if max(map(len, texts), default=0) > MAX_JSON_BYTES:  # every reader refuses it as corrupt: refuse to write it
+        i = next(i for i, t in enumerate(texts) if len(t) > MAX_JSON_BYTES)
+        raise MemberError(f"field '{spec.name}' of record {key_of(i)}: JSON of {len(texts[i])} bytes is over the {MAX_JSON_BYTES} bytes a reader accepts", i)
     prefixes = [b""] * len(texts) if pack == 1 else [b"" if i % pack == 0 else b"\n" for i in range(len(texts))]
     crcs = [zlib.crc32(t, zlib.crc32(p)) for p, t in zip(prefixes, texts)] if raw else []
     return _Column(prefixes, texts, [len(t) for t in texts], [()] * len(texts), crcs)

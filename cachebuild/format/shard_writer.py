@@ -90,6 +90,8 @@ class ShardWriter:
         self._pos = 0  # end of the last member, padded to a block (the pad itself is written with the next run)
         self._pad = 0
         self._raw_bytes = 0
+        self._ranks: np.ndarray | None = None  # each field's number of dims, set by the first record
+        self._rank_key = ""
         try:
             self._fh = open(self._tmp, "wb", buffering=0)
         except OSError as exc:
@@ -153,6 +155,7 @@ class ShardWriter:
         first = self.first_record + self._count
         try:
             run = encode_run(records, self._specs, self._cctx, lambda i: record_key(first + i), self.pack)
+            self._check_ranks(run.rows, first)
         except MemberError as exc:
             exc.record += self._count  # (from the run's to the shard's position)
             raise
@@ -166,6 +169,21 @@ class ShardWriter:
         self._pos, self._pad = end, pad
         self._count += len(records)
         self._raw_bytes += run.raw_bytes
+
+    def _check_ranks(self, rows: np.ndarray, first: int) -> None:
+        """Every record of a field has one number of dims, as the manifest's schema and every reader
+        assume: refuse a record that changes it before anything of its run is written."""
+        ndim = rows["ndim"]
+        if self._ranks is None:
+            self._ranks, self._rank_key = ndim[0].copy(), record_key(first)
+        bad = ndim != self._ranks
+        if bad.any():
+            i, j = (int(v) for v in np.argwhere(bad)[0])
+            raise MemberError(
+                f"field '{self.fields[j][0]}' of record {record_key(first + i)}: {int(ndim[i, j])} dims, but record {self._rank_key} has "
+                f"{int(self._ranks[j])} (a field keeps one number of dims in every record: pad or reshape it)",
+                i,
+            )
 
     def _tar_chunks(self, run: EncodedRun, group_keys: list[str]) -> tuple[list[Any], int, int]:
         """The run's tar bytes as buffers; fills the index offsets and sizes.

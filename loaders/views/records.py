@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from cachebuild.errors import ConfigError
 from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
@@ -61,15 +62,24 @@ class RecordsView(View):
 
     def layout(self) -> Layout:
         B = self.batch_size
-        keys: dict[str, Field] = {}
+        keys: dict[str, Field] = {f.name: field_layout(f, B) for f in self.schemas}
+
+        def add(key: str, spec: Field, of: str = "") -> None:
+            if key in keys:  # a user's field named record_id, or x_shape next to a varying x
+                why = f" (the shape of field {of!r})" if of else ""
+                raise ConfigError(
+                    f"view 'records': field {key!r} of {self.manifest.root} has the name of a key the view adds{why}: "
+                    f"leave it out with fields=[...] (the cache's array fields: {[f.name for f in self.schemas]})"
+                )
+            keys[key] = spec
+
         for f in self.schemas:
-            keys[f.name] = field_layout(f, B)
             if f.varying_axes:
-                keys[f"{f.name}_shape"] = Field((B, f.ndim), "int64")
+                add(f"{f.name}_shape", Field((B, f.ndim), "int64"), f.name)
                 if self.masks:
-                    keys[f"{f.name}_mask"] = Field((B,) + tuple(f.max_shape), "bool")
-        keys["record_id"] = Field((B,), "int64")
-        keys["is_pad"] = Field((B,), "bool")
+                    add(f"{f.name}_mask", Field((B,) + tuple(f.max_shape), "bool"), f.name)
+        add("record_id", Field((B,), "int64"))
+        add("is_pad", Field((B,), "bool"))
         return Layout(keys)
 
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
