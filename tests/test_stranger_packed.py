@@ -1,0 +1,106 @@
+"""A stranger's cache in the packed layout (format v3): edits an attacker or a broken copy makes
+to a packed shard, its compressed index and its manifest are refused with one clear line, in
+bounded memory, by every reader.
+
+Found by mutating small packed caches field by field (the manifest's shard entries, the
+``.idx.npy.zst`` frame, index entries, tar headers, group ``.npy`` headers, JSON Lines and the
+zstd frames inside a group). The cases here are the ones that were not refused cleanly before.
+Each edit recomputes the manifest's sizes and sha256 where it must get past them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachebuild import FunctionSource, build
+from hostile_fixtures import load_doc, rehash, save_doc
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = {"seg": "float16", "label": "int16", "tokens": "int32", "meta": "json"}
+
+
+def _block(rng: np.random.Generator, start: int, stop: int) -> dict:
+    """Stacked ``seg``, a 0-d ``label``, ragged (flat) ``tokens`` and JSON Lines ``meta``."""
+    n = stop - start
+    lengths = rng.integers(1, 40, n)
+    return {
+        "seg": rng.standard_normal((n, 8, 16)).astype(np.float16),
+        "label": list((np.arange(start, stop) % 7).astype(np.int16)),
+        "tokens": [rng.integers(0, 1000, int(k)).astype(np.int32) for k in lengths],
+        "meta": [{"id": int(i)} for i in range(start, stop)],
+    }
+
+
+@pytest.fixture(scope="session")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two packed caches (zstd and raw) of 40 records in 2 shards, groups of 7 (the last ones short)."""
+    base = tmp_path_factory.mktemp("stranger-packed")
+    out = {}
+    for codec in ("zstd", "none"):
+        out[codec] = base / codec
+        build(FunctionSource.per_block(_block, FIELDS), out[codec], records=40, pack=7, codec=codec, progress=False, shard_mb=0.01, backend="threading")
+    return out
+
+
+def _copy(src: Path, dst: Path) -> tuple[Path, dict]:
+    shutil.copytree(src, dst)
+    return dst, load_doc(dst)
+
+
+def _frame_declaring(size: int) -> bytes:
+    """A tiny zstd frame whose header declares ``size`` decoded bytes and holds one (RFC 8878: magic,
+    single-segment header with an 8-byte content size, one last raw block of one byte)."""
+    return b"\x28\xb5\x2f\xfd" + bytes([0xE0]) + size.to_bytes(8, "little") + bytes([0x09, 0, 0]) + b"\0"
+
+
+_LIMITED = textwrap.dedent(
+    """
+    import resource, sys
+    from cachebuild.errors import CacheBuildError
+    root, what = sys.argv[1], sys.argv[2]
+    with open("/proc/self/status") as fh:
+        vm = next(int(line.split()[1]) for line in fh if line.startswith("VmSize:")) << 10
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), vm + (1 << 30)))  # 1 GiB more than now
+    try:
+        if what == "loader":
+            from cachebuild.format.manifest import read_manifest
+            from cachebuild.format.reader import check_shard_files
+            check_shard_files(read_manifest(root), root)
+        else:
+            from cachebuild.format.reader import open_cache
+            open_cache(root).shard(0)
+    except CacheBuildError as exc:
+        print("ERROR", type(exc).__name__, exc)
+    """
+)
+
+
+def _run_limited(root: Path, what: str) -> str:
+    """Open shard 0 of ``root`` in a child process that may allocate at most 1 GiB more than after start-up."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", _LIMITED, str(root), what], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("ERROR"), f"rc {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    return r.stdout.strip()
+
+
+@pytest.mark.parametrize("what", ["open", "loader"])
+def test_truncated_shard_with_an_index_bomb_is_bounded(packed: dict[str, Path], tmp_path: Path, what: str) -> None:
+    """A truncated tar makes the reader look into the index for the first record past the end: that
+    read must be bounded by the shard's records x fields, like every other index read (it allocated
+    the frame's declared size: 2.1 GB for a 2 GiB frame, 8 GiB here)."""
+    root, doc = _copy(packed["zstd"], tmp_path / "c")
+    (root / doc["shards"][0]["index"]).write_bytes(_frame_declaring(8 << 30))
+    rehash(root, doc, 0)
+    tar = root / doc["shards"][0]["name"]
+    tar.write_bytes(tar.read_bytes()[:-2048])  # the manifest keeps the full size
+    save_doc(root, doc)
+    out = _run_limited(root, what)
+    assert "ShardCorruptError" in out and "bytes on disk, manifest says" in out and "truncated" in out, out
