@@ -104,3 +104,18 @@ def test_truncated_shard_with_an_index_bomb_is_bounded(packed: dict[str, Path], 
     save_doc(root, doc)
     out = _run_limited(root, what)
     assert "ShardCorruptError" in out and "bytes on disk, manifest says" in out and "truncated" in out, out
+
+
+@pytest.mark.parametrize("key,value", [("index_bytes", 0), ("index_sha256", "")])
+def test_packed_shard_needs_its_index_size_and_hash(packed: dict[str, Path], tmp_path: Path, key: str, value: object) -> None:
+    """A packed shard's compressed index has no size to infer (an old ``.idx.npy``'s follows from its
+    records), so its manifest entry must give it, and its sha256: without them the local readers
+    skipped those checks while the remote fetcher failed with "connection cut?" or a sha256 mismatch."""
+    from cachebuild.errors import ManifestError
+    from cachebuild.format.manifest import read_manifest
+
+    root, doc = _copy(packed["zstd"], tmp_path / "c")
+    doc["shards"][1][key] = value
+    save_doc(root, doc)
+    with pytest.raises(ManifestError, match=rf"shards\[1\]\.{key} = {value!r}, but a packed shard"):
+        read_manifest(root)
