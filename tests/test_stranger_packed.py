@@ -119,3 +119,85 @@ def test_packed_shard_needs_its_index_size_and_hash(packed: dict[str, Path], tmp
     save_doc(root, doc)
     with pytest.raises(ManifestError, match=rf"shards\[1\]\.{key} = {value!r}, but a packed shard"):
         read_manifest(root)
+
+
+def _read_index(root: Path, doc: dict, i: int) -> np.ndarray:
+    import io
+
+    import zstandard
+
+    return np.load(io.BytesIO(zstandard.ZstdDecompressor().decompress((root / doc["shards"][i]["index"]).read_bytes())), allow_pickle=False).copy()
+
+
+def _write_index(root: Path, doc: dict, i: int, index: np.ndarray) -> None:
+    from cachebuild.format.index import compress_index, index_bytes
+
+    (root / doc["shards"][i]["index"]).write_bytes(compress_index(index_bytes(index)))
+    rehash(root, doc, i)
+
+
+def _loader_error(root: Path) -> str:
+    """What the loader's own pass (records view, 0 workers: no header checks) says about ``root``."""
+    from cachebuild.errors import ShardCorruptError
+    from loaders import ShardStream
+
+    with pytest.raises(ShardCorruptError) as info:
+        for _ in ShardStream(root, view="records", batch_size=8, shuffle=False):
+            pass
+    return str(info.value)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_a_shrunk_shape_inside_a_packed_member_is_refused_by_the_loader(packed: dict[str, Path], tmp_path: Path, codec: str) -> None:
+    """Record 9 is inside its group (records 7..13): its entry holds its data and nothing else (no
+    ``.npy`` header), so an index that says one token fewer than the entry holds is corrupt. The
+    loader took the entry's last bytes as the record (one token silently dropped; only ``verify``'s
+    header pass said so)."""
+    root, doc = _copy(packed[codec], tmp_path / "c")
+    index = _read_index(root, doc, 0)
+    j = list(doc["fields"]).index("tokens")
+    index[9, j]["shape"][0] -= 1
+    index[9, j]["nbytes"] -= 4
+    _write_index(root, doc, 0, index)
+    save_doc(root, doc)
+    msg = _loader_error(root)
+    assert "record 0000000009, field 'tokens'" in msg and "\n" not in msg, msg
+
+
+def test_a_frame_longer_than_its_packed_entry_is_refused_by_the_loader(packed: dict[str, Path], tmp_path: Path) -> None:
+    """A frame inside a group that decodes to 8 bytes more than the index's ``nbytes`` (so the data
+    read is shifted by 8 bytes) is refused, not decoded."""
+    import io
+
+    import zstandard
+
+    from cachebuild.format.tarball import END_OF_ARCHIVE, padding, tar_header
+
+    root, doc = _copy(packed["zstd"], tmp_path / "c")
+    index, j = _read_index(root, doc, 0), list(doc["fields"]).index("seg")
+    tar = (root / doc["shards"][0]["name"]).read_bytes()
+    e = index[9, j]
+    frame = zstandard.ZstdDecompressor().decompress(tar[int(e["offset"]) : int(e["offset"]) + int(e["size"])])
+    longer = zstandard.ZstdCompressor(level=1, write_content_size=True, write_checksum=True).compress(frame + b"\0" * 8)
+    # rebuild the member of records 7..13 with the longer frame, shifting what follows
+    first, last = index[7, j], index[13, j]
+    start, end = int(first["offset"]), int(last["offset"] + last["size"])
+    member = tar[start : int(e["offset"])] + longer + tar[int(e["offset"] + e["size"]) : end]
+    hdr = bytearray(tar_header(tar[start - 512 : start - 412].split(b"\0", 1)[0].decode(), len(member)))
+    out = io.BytesIO()
+    out.write(tar[: start - 512])
+    out.write(bytes(hdr) + member + padding(len(member)))
+    rest = tar[end + len(padding(end - start)) :]
+    out.write(rest)
+    grow = len(longer) - int(e["size"])
+    shift = (len(member) + len(padding(len(member)))) - (end - start + len(padding(end - start)))
+    index[9, j]["size"] = len(longer)
+    index[10:14, j]["offset"] += grow
+    later = index["offset"] > end
+    index["offset"][later] += shift
+    assert out.getvalue().endswith(END_OF_ARCHIVE)
+    (root / doc["shards"][0]["name"]).write_bytes(out.getvalue())
+    _write_index(root, doc, 0, index)
+    save_doc(root, doc)
+    msg = _loader_error(root)
+    assert "record 0000000009, field 'seg'" in msg and "declares" in msg, msg

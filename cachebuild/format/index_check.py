@@ -64,6 +64,9 @@ def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int
     ]
     if raw:
         checks.append((f"raw payload size is not array data + a header of at most {MAX_NPY_HEADER} bytes", (size < nbytes) | (size > nbytes + MAX_NPY_HEADER)))
+        if pack > 1:  # an entry inside a packed member holds its data alone (a JSON one: after its "\n")
+            inner = ~is_first_entry(off.shape[0], pack)[:, None]
+            checks.append(("raw entry inside a packed member is not exactly its data", inner & (size != nbytes + is_json)))
     if tar_size is not None:
         checks.append((f"payload lies past the end of the tar ({tar_size} bytes)", (off > tar_size) | (size > tar_size - np.minimum(off, tar_size))))
     checks.append(_layout_problem(off, size, pack))
@@ -163,6 +166,8 @@ def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str
     declared = frame_content_sizes(np.frombuffer(view, np.uint8), flat["offset"], flat["size"])
     nbytes = flat["nbytes"]
     extra = np.where(np.tile(is_json, len(index)), 0 if pack == 1 else 1, MAX_NPY_HEADER)  # (a packed JSON entry: its "\n")
+    if pack > 1:  # an array entry inside a packed member decodes to its data alone
+        extra = np.where(np.repeat(~is_first_entry(len(index), pack), len(fields)) & ~np.tile(is_json, len(index)), 0, extra)
     bad = np.flatnonzero((declared < nbytes) | (declared > nbytes + extra))
     if bad.size:
         r, j = divmod(int(bad[0]), len(fields))

@@ -213,6 +213,7 @@ class ShardSet:
         self.root = self.locator.root  # a Path, or the URL of a remote cache (for messages)
         self.verify = verify
         self.starts = manifest.shard_starts()
+        self.packs = np.array([e.pack for e in manifest.shards], np.int64)  # records per tar member, per shard
         self.field_pos = {f.name: j for j, f in enumerate(manifest.fields)}
         self.codec = manifest.codec.name
         self._open: dict[int, OpenShard] = {}
