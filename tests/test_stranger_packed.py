@@ -201,3 +201,34 @@ def test_a_frame_longer_than_its_packed_entry_is_refused_by_the_loader(packed: d
     save_doc(root, doc)
     msg = _loader_error(root)
     assert "record 0000000009, field 'seg'" in msg and "declares" in msg, msg
+
+
+@pytest.mark.parametrize("tail", [b"junk", "frame"], ids=["junk", "second-frame"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["sized", "streamed"])
+def test_bytes_after_the_index_frame_are_refused(packed: dict[str, Path], tmp_path: Path, tail: object, streamed: bool) -> None:
+    """``shard-N.idx.npy.zst`` is one zstd frame: bytes after it (junk, a second frame) were ignored,
+    so a file that is not what the writer wrote passed every check; it is refused like trailing
+    bytes after an uncompressed ``.idx.npy``."""
+    import io
+
+    import zstandard
+
+    from cachebuild.errors import ShardCorruptError
+    from cachebuild.format.index import index_bytes
+    from cachebuild.format.reader import open_cache
+
+    root, doc = _copy(packed["zstd"], tmp_path / "c")
+    path = root / doc["shards"][0]["index"]
+    data = index_bytes(_read_index(root, doc, 0))
+    if streamed:  # what `cat shard.idx.npy | zstd` writes: no declared size
+        buf = io.BytesIO()
+        with zstandard.ZstdCompressor(level=3).stream_writer(buf, closefd=False) as w:
+            w.write(data)
+        frame = buf.getvalue()
+    else:
+        frame = path.read_bytes()
+    path.write_bytes(frame + (tail if isinstance(tail, bytes) else zstandard.ZstdCompressor().compress(b"x" * 100)))
+    rehash(root, doc, 0)
+    save_doc(root, doc)
+    with pytest.raises(ShardCorruptError, match=r"idx\.npy\.zst: \d+ bytes after its zstd frame"):
+        open_cache(root).index(0)
