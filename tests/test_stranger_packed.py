@@ -232,3 +232,18 @@ def test_bytes_after_the_index_frame_are_refused(packed: dict[str, Path], tmp_pa
     save_doc(root, doc)
     with pytest.raises(ShardCorruptError, match=r"idx\.npy\.zst: \d+ bytes after its zstd frame"):
         open_cache(root).index(0)
+
+
+@pytest.mark.parametrize("key,value", [("max_shape", [1 << 28]), ("min_shape", [0])])
+def test_verify_checks_the_manifest_shapes_against_the_records(packed: dict[str, Path], tmp_path: Path, key: str, value: list) -> None:
+    """The writer's ``max_shape``/``min_shape`` are those of its records (every build and append
+    computes them from the indexes); the loader's views size every batch by ``max_shape``, so a
+    manifest claiming 2^28 tokens (1 GiB per row, within the member limit) made the loader zero
+    gigabytes per batch while ``verify`` said ok."""
+    from cachebuild.tools.verify import verify_cache
+
+    root, doc = _copy(packed["zstd"], tmp_path / "c")  # (a raw cache's members are bounded by its shards' sizes too)
+    doc["fields"]["tokens"][key] = value
+    save_doc(root, doc)
+    faults = verify_cache(root).faults
+    assert len(faults) == 1 and f"fields.tokens.{key} = {value}, but its records'" in faults[0] and "manifest.json" in faults[0], faults
