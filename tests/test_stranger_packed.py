@@ -247,3 +247,43 @@ def test_verify_checks_the_manifest_shapes_against_the_records(packed: dict[str,
     save_doc(root, doc)
     faults = verify_cache(root).faults
     assert len(faults) == 1 and f"fields.tokens.{key} = {value}, but its records'" in faults[0] and "manifest.json" in faults[0], faults
+
+
+_APPEND = textwrap.dedent(
+    """
+    import resource, sys
+    from cachebuild import FunctionSource, build
+    from cachebuild.errors import CacheBuildError
+    from test_stranger_packed import FIELDS, _block
+    with open("/proc/self/status") as fh:
+        vm = next(int(line.split()[1]) for line in fh if line.startswith("VmSize:")) << 10
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), vm + (1 << 30)))  # 1 GiB more than now
+    try:
+        build(FunctionSource.per_block(_block, FIELDS), sys.argv[1], records=10, append=True, progress=False, shard_mb=0.01, backend="threading")
+    except CacheBuildError as exc:
+        print("ERROR", type(exc).__name__, exc)
+    """
+)
+
+
+def test_append_reads_the_old_indexes_bounded(packed: dict[str, Path], tmp_path: Path) -> None:
+    """An append recomputes the field schemas from every listed shard's index: those reads are
+    bounded by each shard's records x fields too (a 1.5 GiB zstd bomb as an old shard's index was
+    decoded whole)."""
+    import io
+
+    import zstandard
+
+    root, doc = _copy(packed["zstd"], tmp_path / "c")
+    buf = io.BytesIO()
+    with zstandard.ZstdCompressor(level=1, write_content_size=True).stream_writer(buf, size=3 << 29, closefd=False) as w:
+        chunk = b"\0" * (1 << 24)
+        for _ in range((3 << 29) // len(chunk)):
+            w.write(chunk)
+    (root / doc["shards"][0]["index"]).write_bytes(buf.getvalue())
+    rehash(root, doc, 0)
+    save_doc(root, doc)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", _APPEND, str(root)], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("ERROR"), f"rc {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    assert "shard-00000.idx.npy.zst: zstd frame declares 1610612736 bytes" in r.stdout, r.stdout
