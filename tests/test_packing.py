@@ -177,7 +177,7 @@ def test_wrong_pack_in_manifest_is_caught(caches: dict, tmp_path: Path) -> None:
     doc = json.loads((cache / "manifest.json").read_text())
     doc["shards"][0]["pack"] = 4
     (cache / "manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(ShardCorruptError, match="gap inside its member|overlaps"):
+    with pytest.raises(ShardCorruptError, match="gap inside|overlap"):
         read_record(open_cache(cache), 0)
 
 

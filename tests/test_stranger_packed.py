@@ -11,6 +11,7 @@ Each edit recomputes the manifest's sizes and sha256 where it must get past them
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -287,3 +288,68 @@ def test_append_reads_the_old_indexes_bounded(packed: dict[str, Path], tmp_path:
     r = subprocess.run([sys.executable, "-c", _APPEND, str(root)], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.startswith("ERROR"), f"rc {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
     assert "shard-00000.idx.npy.zst: zstd frame declares 1610612736 bytes" in r.stdout, r.stdout
+
+
+def _patch_tar(root: Path, doc: dict, at: int, data: bytes) -> None:
+    tar = root / doc["shards"][0]["name"]
+    b = bytearray(tar.read_bytes())
+    b[at : at + len(data)] = data
+    tar.write_bytes(bytes(b))
+    rehash(root, doc, 0)
+    save_doc(root, doc)
+
+
+def _with_checksum(header: bytes) -> bytes:
+    h = bytearray(header)
+    h[148:156] = b"        "
+    h[148:156] = f"{sum(h):06o}\0 ".encode()
+    return bytes(h)
+
+
+@pytest.mark.parametrize("edit", ["checksum", "symlink", "end-blocks"])
+def test_verify_refuses_tar_headers_that_tar_reads_differently(packed: dict[str, Path], tmp_path: Path, edit: str) -> None:
+    """``verify`` promises a cache that ``tar -x`` reads as the loader does; it compared each member's
+    name and size only, so a bad header checksum, a member turned into a symlink (its data then
+    read as headers by ``tar``) or junk in the end-of-archive blocks passed."""
+    from cachebuild.tools.verify import verify_cache
+
+    root, doc = _copy(packed["zstd"], tmp_path / "c")
+    index = _read_index(root, doc, 0)
+    j = list(doc["fields"]).index("tokens")
+    at = int(index[7, j]["offset"]) - 512  # the header of the member of records 7..13
+    tar = (root / doc["shards"][0]["name"]).read_bytes()
+    if edit == "checksum":
+        _patch_tar(root, doc, at + 148, b"000000\0 ")
+        want = r"record 0000000007, field 'tokens': tar header field chksum is b'000000"
+    elif edit == "symlink":
+        _patch_tar(root, doc, at, _with_checksum(tar[at : at + 156] + b"2" + b"/etc/passwd".ljust(100, b"\0") + tar[at + 257 : at + 512]))
+        want = r"record 0000000007, field 'tokens': tar header field typeflag is b'2'"
+    else:
+        _patch_tar(root, doc, len(tar) - 1000, b"junk")
+        want = r"shard-00000.tar: 4 bytes that are not zero in the tar's 1024-byte end"
+    faults = verify_cache(root).faults
+    assert len(faults) == 1 and re.search(want, faults[0]), faults
+
+
+def test_a_hidden_member_between_groups_is_refused(packed: dict[str, Path], tmp_path: Path) -> None:
+    """Members lie end to end (header, data, padding), so bytes between two members are not the
+    writer's: an extra member hidden there (``tar -x`` extracts it, the index skips it) is refused
+    at open, where before any gap after a member was allowed."""
+    from cachebuild.errors import ShardCorruptError
+    from cachebuild.format.index import compress_index, index_bytes
+    from cachebuild.format.reader import open_cache
+    from cachebuild.format.tarball import padding, tar_header
+
+    root, doc = _copy(packed["none"], tmp_path / "c")
+    index = _read_index(root, doc, 0)
+    at = int(index[7, 0]["offset"]) - 512  # where the member of records 7..13 begins
+    extra = tar_header("run-me.sh", 10) + b"echo hi\n\0\0" + padding(10)
+    tar = root / doc["shards"][0]["name"]
+    data = tar.read_bytes()
+    tar.write_bytes(data[:at] + extra + data[at:])
+    index["offset"][index["offset"] > at] += len(extra)
+    (root / doc["shards"][0]["index"]).write_bytes(compress_index(index_bytes(index)))
+    rehash(root, doc, 0)
+    save_doc(root, doc)
+    with pytest.raises(ShardCorruptError, match=r"record 0000000007, field 'seg': corrupt index entry: .*gap"):
+        open_cache(root).shard(0)

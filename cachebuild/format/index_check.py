@@ -23,7 +23,7 @@ import numpy as np
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.codec import parse_codec
 from cachebuild.format.index import MAX_NDIM
-from cachebuild.format.limits import MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
+from cachebuild.format.limits import END_BYTES, MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
 from cachebuild.format.names import JSON_DTYPE, KEY_DIGITS, member_name, record_key
 from cachebuild.format.packing import is_first_entry, tar_order
 
@@ -69,24 +69,31 @@ def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int
             checks.append(("raw entry inside a packed member is not exactly its data", inner & (size != nbytes + is_json)))
     if tar_size is not None:
         checks.append((f"payload lies past the end of the tar ({tar_size} bytes)", (off > tar_size) | (size > tar_size - np.minimum(off, tar_size))))
-    checks.append(_layout_problem(off, size, pack))
+    checks.append(_layout_problem(off, size, pack, tar_size))
     return checks
 
 
-def _layout_problem(off: np.ndarray, size: np.ndarray, pack: int) -> tuple[str, np.ndarray]:
-    """Entries in tar order (:func:`~cachebuild.format.packing.tar_order`): a member's first entry
-    lies after the previous entry and a tar header; a packed member's later entries follow
-    the entry before them exactly."""
+def _layout_problem(off: np.ndarray, size: np.ndarray, pack: int, tar_size: int | None) -> tuple[str, np.ndarray]:
+    """Entries in tar order (:func:`~cachebuild.format.packing.tar_order`) lie end to end as the writer
+    writes them: the first one after the first tar header, a member's first entry after the previous
+    member's end, its padding and a tar header, a packed member's later entries right after the entry
+    before them, and (``tar_size`` known) the tar's 1024-byte end right after the last member's padding.
+    So the tar holds nothing the index does not account for (no hidden member)."""
     order = tar_order(off.shape[0], off.shape[1], pack)
     flat_off, flat_size = off.reshape(-1)[order], size.reshape(-1)[order]
     opens = np.repeat(is_first_entry(off.shape[0], pack), off.shape[1])[order]
+    end = flat_off + np.clip(flat_size, 0, None)
     bad = np.zeros(flat_off.shape, bool)
+    bad[0] = flat_off[0] != _HEADER
     if flat_off.size > 1:
-        after = flat_off[:-1] + np.clip(flat_size[:-1], 0, None)
-        bad[1:] = np.where(opens[1:], flat_off[1:] < after + _HEADER, flat_off[1:] != after)
+        bad[1:] = np.where(opens[1:], flat_off[1:] != end[:-1] + (-end[:-1] % _HEADER) + _HEADER, flat_off[1:] != end[:-1])
+    if tar_size is not None:
+        bad[-1] |= end[-1] + (-end[-1] % _HEADER) + END_BYTES != tar_size
     out = np.zeros(bad.shape, bool)
     out[order] = bad
-    what = "payload overlaps the member before it (members out of order)" if pack == 1 else "entry overlaps the one before it, or leaves a gap inside its member (out of order)"
+    what = "payload does not follow the member before it (overlap or gap: members out of order, or the tar's end misplaced)"
+    if pack > 1:
+        what = "entry does not follow the one before it (overlap, or a gap inside or between members: out of order, or the tar's end misplaced)"
     return what, out.reshape(off.shape)
 
 
@@ -148,7 +155,6 @@ def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec:
     got_size = np.where(octal_ok, (np.clip(digits, 0, 7) * (8 ** np.arange(10, -1, -1))).sum(axis=1), -1).reshape(len(picked), len(fields))
     want = _expected_names(fields, codec, first_record, picked, pack)
     bad = (got != want) | (got_size != member_size)
-    del tar
     if bad.any():
         i, j = (int(v[0]) for v in np.nonzero(bad))
         raise ShardCorruptError(
@@ -156,6 +162,50 @@ def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec:
             f"{got[i, j].decode('ascii', 'replace')!r} ({int(got_size[i, j])} bytes), expected {want[i, j].decode()!r} "
             f"({int(member_size[i, j])} bytes): shard misplaced or swapped in the manifest, or corrupt"
         )
+    _check_headers_exact(tar, starts, want.reshape(-1), member_size.reshape(-1), shard, [f"record {record_key(first_record + int(r))}, field '{f.name}'" for r in picked for f in fields])
+    del tar
+
+
+_HEADER_FIELDS = (
+    (0, "name"),
+    (100, "mode"),
+    (108, "uid"),
+    (116, "gid"),
+    (124, "size"),
+    (136, "mtime"),
+    (148, "chksum"),
+    (156, "typeflag"),
+    (157, "linkname"),
+    (257, "magic"),
+    (265, "uname"),
+    (297, "gname"),
+    (329, "devmajor"),
+    (337, "devminor"),
+    (345, "prefix"),
+)
+
+
+def _check_headers_exact(tar: np.ndarray, starts: np.ndarray, names: np.ndarray, sizes: np.ndarray, shard: str, where: list[str]) -> None:
+    """Each tar header at ``starts`` is byte for byte the writer's for its name and size (a regular
+    file, mode 0644, mtime 0, a right checksum, nothing in linkname or prefix), and the tar ends
+    with 1024 zero bytes, so ``tar -x`` reads the shard as the index does."""
+    from cachebuild.format.tarball import tar_headers
+
+    heads = tar[starts[:, None] + np.arange(_HEADER)]
+    bad = np.flatnonzero((heads != tar_headers([n.decode() for n in names.tolist()], sizes)).any(axis=1))
+    if bad.size:
+        k = int(bad[0])
+        diff = heads[k] != tar_headers([names[k].decode()], sizes[k : k + 1])[0]
+        other = diff.copy()
+        other[148:156] = False  # name the field that differs, not the checksum that follows from it
+        col = int(np.argmax(other if other.any() else diff))
+        at, name = next((a, n) for a, n in reversed(_HEADER_FIELDS) if a <= col)
+        stop = next((a for a, _ in _HEADER_FIELDS if a > at), _HEADER)
+        value = heads[k, at:stop].tobytes().rstrip(b"\0")[:16]
+        raise ShardCorruptError(f"shard {shard}, {where[k]}: tar header field {name} is {value!r}, not the writer's (a regular file, mode 0644, checksummed): corrupt, or not written by cachebuild")
+    tail = tar[len(tar) - END_BYTES :]
+    if tail.any():
+        raise ShardCorruptError(f"shard {shard}: {int(np.count_nonzero(tail))} bytes that are not zero in the tar's {END_BYTES}-byte end (corrupt, or not written by cachebuild)")
 
 
 def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str, first_record: int, pack: int = 1) -> None:
