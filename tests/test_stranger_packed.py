@@ -353,3 +353,37 @@ def test_a_hidden_member_between_groups_is_refused(packed: dict[str, Path], tmp_
     save_doc(root, doc)
     with pytest.raises(ShardCorruptError, match=r"record 0000000007, field 'seg': corrupt index entry: .*gap"):
         open_cache(root).shard(0)
+
+
+def test_a_json_lines_entry_without_its_separator_is_named_so(packed: dict[str, Path], tmp_path: Path) -> None:
+    """A later JSON Lines entry that lost its ``\\n`` (its text still valid) was reported as "0 stray
+    bytes before the JSON text (b'')": the message now says what is missing."""
+    from cachebuild.format.index import compress_index, index_bytes
+    from cachebuild.format.tarball import END_OF_ARCHIVE, padding, tar_header
+    from cachebuild.tools.verify import verify_cache
+
+    import zstandard
+
+    root, doc = _copy(packed["zstd"], tmp_path / "c")  # (in a raw cache the entry's size alone tells, at open)
+    index = _read_index(root, doc, 0)
+    tar = (root / doc["shards"][0]["name"]).read_bytes()
+    out, new = bytearray(), index.copy()
+    j = list(doc["fields"]).index("meta")
+    for g in range(0, len(index), 7):  # rebuild the tar, record 9's JSON entry without its "\n"
+        for f in range(index.shape[1]):
+            start = int(index[g, f]["offset"])
+            parts = [tar[int(e["offset"]) : int(e["offset"] + e["size"])] for e in index[g : g + 7, f]]
+            if f == j and g == 7:
+                text = zstandard.ZstdDecompressor().decompress(parts[2])
+                parts[2] = zstandard.ZstdCompressor(write_content_size=True, write_checksum=True).compress(text[1:])
+            out += tar_header(tar[start - 512 : start - 412].split(b"\0", 1)[0].decode(), sum(map(len, parts)))
+            for k, p in enumerate(parts):
+                new[g + k, f]["offset"], new[g + k, f]["size"] = len(out), len(p)
+                out += p
+            out += padding(sum(map(len, parts)))
+    (root / doc["shards"][0]["name"]).write_bytes(bytes(out) + END_OF_ARCHIVE)
+    (root / doc["shards"][0]["index"]).write_bytes(compress_index(index_bytes(new)))
+    rehash(root, doc, 0)
+    save_doc(root, doc)
+    faults = verify_cache(root).faults
+    assert len(faults) == 1 and "record 0000000009, field 'meta': JSON Lines entry does not start with its '\\n' separator" in faults[0], faults
