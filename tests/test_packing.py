@@ -203,7 +203,7 @@ def test_stray_header_inside_group_is_caught(caches: dict, tmp_path: Path) -> No
     assert data[off : off + 1] == b"\n"
     data[off : off + 1] = b" "
     (cache / shards.manifest.shards[0].name).write_bytes(bytes(data))
-    with pytest.raises(ShardCorruptError, match="stray bytes before the JSON text"):
+    with pytest.raises(ShardCorruptError, match=r"does not start with its '\\n' separator \(it starts with b' '\)"):
         read_record(open_cache(cache, verify="size"), 3, strict=True)
 
 
