@@ -177,7 +177,7 @@ def test_wrong_pack_in_manifest_is_caught(caches: dict, tmp_path: Path) -> None:
     doc = json.loads((cache / "manifest.json").read_text())
     doc["shards"][0]["pack"] = 4
     (cache / "manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(ShardCorruptError, match="gap inside its member|overlaps"):
+    with pytest.raises(ShardCorruptError, match="gap inside|overlap"):
         read_record(open_cache(cache), 0)
 
 
@@ -203,7 +203,7 @@ def test_stray_header_inside_group_is_caught(caches: dict, tmp_path: Path) -> No
     assert data[off : off + 1] == b"\n"
     data[off : off + 1] = b" "
     (cache / shards.manifest.shards[0].name).write_bytes(bytes(data))
-    with pytest.raises(ShardCorruptError, match="stray bytes before the JSON text"):
+    with pytest.raises(ShardCorruptError, match=r"does not start with its '\\n' separator \(it starts with b' '\)"):
         read_record(open_cache(cache, verify="size"), 3, strict=True)
 
 

@@ -343,10 +343,12 @@ def _index_of(shard: ShardEntry) -> int:
     return int(shard.name.removeprefix("shard-").removesuffix(".tar"))
 
 
-def _load_index(out: Output, name: str) -> np.ndarray:
-    """A shard's index (plain or compressed) as a view of the file's bytes (``np.load`` of a stream copies it in 256 KB steps)."""
+def _load_index(out: Output, shard: ShardEntry, n_fields: int) -> np.ndarray:
+    """A shard's index (plain or compressed) as a view of the file's bytes (``np.load`` of a stream copies it
+    in 256 KB steps), read bounded by its records x fields (a resumed shard was written by an earlier run)."""
+    name = shard.index
     try:
-        return index_from_bytes(out.read_bytes(name), f"{out.location}/{name}")
+        return index_from_bytes(out.read_bytes(name), f"{out.location}/{name}", n_fields, shard.records)
     except ShardCorruptError as exc:
         raise OutputError(str(exc)) from exc
 
@@ -355,7 +357,7 @@ def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output,
     from cachebuild._version import __version__
 
     fields = list(source.fields())
-    indexes = [_load_index(out, s.index) for s in shards]
+    indexes = [_load_index(out, s, len(fields)) for s in shards]
     manifest = Manifest(
         kind=source.kind,
         config=source.config_dict(),

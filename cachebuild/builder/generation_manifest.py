@@ -48,9 +48,10 @@ def listed_generations(manifest: Manifest) -> list[int]:
     return [int(g["generation"]) for g in generation_table(manifest)]
 
 
-def _load_index(root: Path, name: str) -> np.ndarray:
+def _load_index(root: Path, shard: ShardEntry, n_fields: int) -> np.ndarray:
+    """Shard ``shard``'s index, read bounded by its records x fields (the cache may be a stranger's)."""
     try:
-        return load_index(root / name)
+        return load_index(root / shard.index, n_fields, shard.records)
     except ShardCorruptError as exc:
         raise OutputError(str(exc)) from exc
 
@@ -63,7 +64,7 @@ def _next_manifest(root: Path, old: Manifest, new: list[ShardEntry], entry: dict
     first_kept = int(table[0]["first_shard"])
     shards = tuple(s for s in old.shards if shard_number(s.name) >= first_kept) + tuple(new)
     fields = [(f.name, f.dtype) for f in old.fields]
-    fields_schema = schemas_from_indexes(fields, [_load_index(root, s.index) for s in shards], [s.name for s in shards])
+    fields_schema = schemas_from_indexes(fields, [_load_index(root, s, len(fields)) for s in shards], [s.name for s in shards])
     build = dict(old.build)
     build.update(
         generation=int(entry["generation"]),

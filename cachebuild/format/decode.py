@@ -285,11 +285,12 @@ def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Fr
     if (fcs == -2).any():
         i = int(np.flatnonzero(fcs == -2)[0])
         raise _corrupt(shards, ids, names, fr, i, "not a zstd frame (bad frame header)")
-    bad = np.flatnonzero((fcs < fr.nbytes) | (fcs > fr.nbytes + MAX_NPY_HEADER))
+    most = fr.nbytes + np.where(fr.local % shards.packs[fr.shard] == 0, MAX_NPY_HEADER, 0)  # inside a packed member: the data alone
+    bad = np.flatnonzero((fcs < fr.nbytes) | (fcs > most))
     if bad.size:
         i = int(bad[0])
         what = "does not declare its size" if fcs[i] < 0 else f"declares {int(fcs[i])} bytes"
-        raise _corrupt(shards, ids, names, fr, i, f"zstd frame {what}, the index allows {int(fr.nbytes[i])}..{int(fr.nbytes[i]) + MAX_NPY_HEADER} (corrupt or a decompression bomb)")
+        raise _corrupt(shards, ids, names, fr, i, f"zstd frame {what}, the index allows {int(fr.nbytes[i])}..{int(most[i])} (corrupt or a decompression bomb)")
     return fcs.astype(np.uint64).tobytes()
 
 

@@ -60,20 +60,26 @@ def load_index(path: str | Path, n_fields: int | None = None, records: int | Non
 
 
 def _decompressed(data: bytes, where: str, n_fields: int | None, records: int | None) -> bytes:
-    """A compressed index's ``.npy`` bytes, refusing a frame that declares more than the index can hold."""
+    """A compressed index's ``.npy`` bytes, refusing a frame that declares (or decodes to) more than the
+    index can hold, and anything after the one frame the writer writes."""
     most = _MAX_HEADER + records * n_fields * INDEX_DTYPE.itemsize if records is not None and n_fields is not None else _MAX_INDEX_BYTES
     try:
         declared = zstandard.frame_content_size(data)
         if declared == -1:  # unknown: a frame written by a stream (`... | zstd`); read at most `most` + 1
-            out: bytes = zstandard.ZstdDecompressor().stream_reader(data).read(most + 1)
-            if len(out) > most:
+            declared = len(zstandard.ZstdDecompressor().stream_reader(data).read(most + 1))
+            if declared > most:
                 raise ShardCorruptError(f"index {where}: zstd frame decodes to more than {most} bytes, the most its manifest entry allows (corrupt)")
-            return out
-        if not 0 <= declared <= most:
+        elif not 0 <= declared <= most:
             raise ShardCorruptError(f"index {where}: zstd frame declares {declared} bytes, at most {most} expected (corrupt)")
-        return zstandard.ZstdDecompressor().decompress(data, max_output_size=declared)
+        dobj = zstandard.ZstdDecompressor().decompressobj()  # bounded now: zstd stops a frame at its declared size
+        out: bytes = dobj.decompress(data)
     except zstandard.ZstdError as exc:
         raise ShardCorruptError(f"index {where}: unreadable zstd frame ({exc})") from exc
+    if not dobj.eof:
+        raise ShardCorruptError(f"index {where}: zstd frame is truncated (corrupt)")
+    if dobj.unused_data:
+        raise ShardCorruptError(f"index {where}: {len(dobj.unused_data)} bytes after its zstd frame (corrupt, or not written by cachebuild)")
+    return out
 
 
 def index_from_bytes(data: bytes, where: str, n_fields: int | None = None, records: int | None = None) -> np.ndarray:

@@ -23,7 +23,7 @@ import numpy as np
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.codec import parse_codec
 from cachebuild.format.index import MAX_NDIM
-from cachebuild.format.limits import MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
+from cachebuild.format.limits import END_BYTES, MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
 from cachebuild.format.names import JSON_DTYPE, KEY_DIGITS, member_name, record_key
 from cachebuild.format.packing import is_first_entry, tar_order
 
@@ -64,26 +64,36 @@ def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int
     ]
     if raw:
         checks.append((f"raw payload size is not array data + a header of at most {MAX_NPY_HEADER} bytes", (size < nbytes) | (size > nbytes + MAX_NPY_HEADER)))
+        if pack > 1:  # an entry inside a packed member holds its data alone (a JSON one: after its "\n")
+            inner = ~is_first_entry(off.shape[0], pack)[:, None]
+            checks.append(("raw entry inside a packed member is not exactly its data", inner & (size != nbytes + is_json)))
     if tar_size is not None:
         checks.append((f"payload lies past the end of the tar ({tar_size} bytes)", (off > tar_size) | (size > tar_size - np.minimum(off, tar_size))))
-    checks.append(_layout_problem(off, size, pack))
+    checks.append(_layout_problem(off, size, pack, tar_size))
     return checks
 
 
-def _layout_problem(off: np.ndarray, size: np.ndarray, pack: int) -> tuple[str, np.ndarray]:
-    """Entries in tar order (:func:`~cachebuild.format.packing.tar_order`): a member's first entry
-    lies after the previous entry and a tar header; a packed member's later entries follow
-    the entry before them exactly."""
+def _layout_problem(off: np.ndarray, size: np.ndarray, pack: int, tar_size: int | None) -> tuple[str, np.ndarray]:
+    """Entries in tar order (:func:`~cachebuild.format.packing.tar_order`) lie end to end as the writer
+    writes them: the first one after the first tar header, a member's first entry after the previous
+    member's end, its padding and a tar header, a packed member's later entries right after the entry
+    before them, and (``tar_size`` known) the tar's 1024-byte end right after the last member's padding.
+    So the tar holds nothing the index does not account for (no hidden member)."""
     order = tar_order(off.shape[0], off.shape[1], pack)
     flat_off, flat_size = off.reshape(-1)[order], size.reshape(-1)[order]
     opens = np.repeat(is_first_entry(off.shape[0], pack), off.shape[1])[order]
+    end = flat_off + np.clip(flat_size, 0, None)
     bad = np.zeros(flat_off.shape, bool)
+    bad[0] = flat_off[0] != _HEADER
     if flat_off.size > 1:
-        after = flat_off[:-1] + np.clip(flat_size[:-1], 0, None)
-        bad[1:] = np.where(opens[1:], flat_off[1:] < after + _HEADER, flat_off[1:] != after)
+        bad[1:] = np.where(opens[1:], flat_off[1:] != end[:-1] + (-end[:-1] % _HEADER) + _HEADER, flat_off[1:] != end[:-1])
+    if tar_size is not None:
+        bad[-1] |= end[-1] + (-end[-1] % _HEADER) + END_BYTES != tar_size
     out = np.zeros(bad.shape, bool)
     out[order] = bad
-    what = "payload overlaps the member before it (members out of order)" if pack == 1 else "entry overlaps the one before it, or leaves a gap inside its member (out of order)"
+    what = "payload does not follow the member before it (overlap or gap: members out of order, or the tar's end misplaced)"
+    if pack > 1:
+        what = "entry does not follow the one before it (overlap, or a gap inside or between members: out of order, or the tar's end misplaced)"
     return what, out.reshape(off.shape)
 
 
@@ -126,26 +136,43 @@ def _member_sizes(index: np.ndarray, pack: int) -> np.ndarray:
 
 
 def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec: str, shard: str, first_record: int, rows: Sequence[int], pack: int = 1) -> None:
-    """Compare the tar header names and sizes of the members holding records ``rows`` with those their record ids imply (vectorised).
+    """Compare the tar headers of the members holding records ``rows`` with those their record ids
+    imply: name and size, then every other byte (the writer's headers are fixed but for those), and
+    the tar's 1024-byte end (vectorised, in chunks of members).
 
     ``buf`` is the tar's bytes (an mmap or memoryview); the index was checked
-    (:func:`check_index`), so every header lies inside it.
+    (:func:`check_index`, with the tar's size), so every header is a whole tar block inside it.
     """
     picked = np.unique(np.asarray(rows, dtype=np.int64) // pack) * pack  # the members' first records
     if not picked.size or not len(fields):
         return
     tar = np.frombuffer(buf, np.uint8)
-    entries = index[picked]
-    member_size = _member_sizes(index, pack)[picked // pack]
-    starts = entries["offset"].reshape(-1) - _HEADER
-    heads = tar[starts[:, None] + np.arange(136)]  # name [0:100], size field [124:136]
-    got = np.ascontiguousarray(heads[:, :_NAME_BYTES]).view(f"S{_NAME_BYTES}").reshape(len(picked), len(fields))
+    blocks = tar[: len(tar) // _HEADER * _HEADER].reshape(-1, _HEADER)
+    sizes = _member_sizes(index, pack)
+    step = max(1, _CHUNK_MEMBERS // len(fields))
+    for a in range(0, len(picked), step):
+        _check_member_chunk(blocks, index, sizes, fields, codec, shard, first_record, picked[a : a + step], pack)
+    tail = tar[len(tar) - END_BYTES :]
+    if tail.any():
+        raise ShardCorruptError(f"shard {shard}: {int(np.count_nonzero(tail))} bytes that are not zero in the tar's {END_BYTES}-byte end (corrupt, or not written by cachebuild)")
+    del tar, blocks, tail
+
+
+_CHUNK_MEMBERS = 8192
+"""Headers compared at once by :func:`check_member_keys` (4 MB of header bytes, twice)."""
+
+
+def _check_member_chunk(blocks: np.ndarray, index: np.ndarray, sizes: np.ndarray, fields: Sequence[Any], codec: str, shard: str, first_record: int, picked: np.ndarray, pack: int) -> None:
+    """:func:`check_member_keys` for the members that start with records ``picked``."""
+    nf = len(fields)
+    heads = blocks[(index[picked]["offset"].reshape(-1) - _HEADER) // _HEADER]
+    member_size = sizes[picked // pack]
+    got = np.ascontiguousarray(heads[:, :_NAME_BYTES]).view(f"S{_NAME_BYTES}").reshape(len(picked), nf)
     digits = heads[:, 124:135].astype(np.int64) - ord("0")
     octal_ok = ((digits >= 0) & (digits <= 7)).all(axis=1)
-    got_size = np.where(octal_ok, (np.clip(digits, 0, 7) * (8 ** np.arange(10, -1, -1))).sum(axis=1), -1).reshape(len(picked), len(fields))
+    got_size = np.where(octal_ok, (np.clip(digits, 0, 7) * (8 ** np.arange(10, -1, -1))).sum(axis=1), -1).reshape(len(picked), nf)
     want = _expected_names(fields, codec, first_record, picked, pack)
     bad = (got != want) | (got_size != member_size)
-    del tar
     if bad.any():
         i, j = (int(v[0]) for v in np.nonzero(bad))
         raise ShardCorruptError(
@@ -153,6 +180,43 @@ def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec:
             f"{got[i, j].decode('ascii', 'replace')!r} ({int(got_size[i, j])} bytes), expected {want[i, j].decode()!r} "
             f"({int(member_size[i, j])} bytes): shard misplaced or swapped in the manifest, or corrupt"
         )
+    from cachebuild.format.tarball import tar_headers
+
+    diff = heads != tar_headers([n.decode() for n in want.reshape(-1).tolist()], member_size.reshape(-1))
+    bad_rows = np.flatnonzero(diff.any(axis=1))
+    if bad_rows.size:
+        k = int(bad_rows[0])
+        other = diff[k].copy()
+        other[148:156] = False  # name the field that differs, not the checksum that follows from it
+        col = int(np.argmax(other if other.any() else diff[k]))
+        at, name = next((a, n) for a, n in reversed(_HEADER_FIELDS) if a <= col)
+        stop = next((a for a, _ in _HEADER_FIELDS if a > at), _HEADER)
+        value = heads[k, at:stop].tobytes().rstrip(b"\0")[:16]
+        i, j = divmod(k, nf)
+        raise ShardCorruptError(
+            f"shard {shard}, record {record_key(first_record + int(picked[i]))}, field '{fields[j].name}': tar header field {name} is {value!r}, "
+            "not the writer's (a regular file, mode 0644, checksummed): corrupt, or not written by cachebuild"
+        )
+
+
+_HEADER_FIELDS = (
+    (0, "name"),
+    (100, "mode"),
+    (108, "uid"),
+    (116, "gid"),
+    (124, "size"),
+    (136, "mtime"),
+    (148, "chksum"),
+    (156, "typeflag"),
+    (157, "linkname"),
+    (257, "magic"),
+    (265, "uname"),
+    (297, "gname"),
+    (329, "devmajor"),
+    (337, "devminor"),
+    (345, "prefix"),
+)
+"""Where each ustar header field starts (for messages)."""
 
 
 def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str, first_record: int, pack: int = 1) -> None:
@@ -163,6 +227,8 @@ def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str
     declared = frame_content_sizes(np.frombuffer(view, np.uint8), flat["offset"], flat["size"])
     nbytes = flat["nbytes"]
     extra = np.where(np.tile(is_json, len(index)), 0 if pack == 1 else 1, MAX_NPY_HEADER)  # (a packed JSON entry: its "\n")
+    if pack > 1:  # an array entry inside a packed member decodes to its data alone
+        extra = np.where(np.repeat(~is_first_entry(len(index), pack), len(fields)) & ~np.tile(is_json, len(index)), 0, extra)
     bad = np.flatnonzero((declared < nbytes) | (declared > nbytes + extra))
     if bad.size:
         r, j = divmod(int(bad[0]), len(fields))

@@ -165,12 +165,17 @@ def _check_shard(i: int, s: Any, n_fields: int, first: int, where: str) -> None:
         )
     if _whole(s.first_record, f"shards[{i}].first_record", where) != first:
         raise ManifestError(f"{where}: shards[{i}].first_record = {s.first_record} but the shards before it hold {first} records")
-    for key in ("raw_bytes", "index_bytes"):
-        _whole(getattr(s, key), f"shards[{i}].{key}", where, 0, 1 << 62)
+    _whole(s.raw_bytes, f"shards[{i}].raw_bytes", where, 0, 1 << 62)
+    _whole(s.index_bytes, f"shards[{i}].index_bytes", where, 0, 1 << 62)
     for key, optional in (("sha256", False), ("index_sha256", True)):
         v = getattr(s, key)
         if not isinstance(v, str) or not (re.fullmatch(r"[0-9a-f]{64}", v) or (optional and v == "")):
             raise ManifestError(f"{where}: shards[{i}].{key} = {v!r} is not a sha256 hex digest")
+    # a packed shard's index is compressed, so its size does not follow from its records (the remote
+    # fetcher needs it); the writer always gives size and hash, only older unpacked caches lack them
+    for key, v in (("index_bytes", s.index_bytes), ("index_sha256", s.index_sha256)):
+        if pack > 1 and not v:
+            raise ManifestError(f"{where}: shards[{i}].{key} = {v!r}, but a packed shard (pack {pack}) must give its index's size and sha256")
 
 
 def _first_record(build: Any, where: str) -> int:

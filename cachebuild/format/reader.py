@@ -94,11 +94,12 @@ class LocalFiles:
         pass
 
 
-def _truncation_message(entry: ShardEntry, path: Path, size: int, idx_path: Path) -> str:
-    """The truncated-shard error, naming the first record that lies past the end when the index says."""
+def _truncation_message(entry: ShardEntry, n_fields: int, path: Path, size: int, idx_path: Path) -> str:
+    """The truncated-shard error, naming the first record that lies past the end when the index says
+    (the index read bounded by the entry's records x ``n_fields``, like every index read)."""
     msg = f"shard {path}: {size} bytes on disk, manifest says {entry.bytes} (truncated or replaced)"
     try:
-        index = load_index(idx_path)
+        index = load_index(idx_path, n_fields, entry.records)
     except (ShardCorruptError, OSError):
         return msg
     if len(index):
@@ -121,7 +122,7 @@ def check_shard_files(manifest: Manifest, root: str | Path) -> None:
                 raise ManifestError(f"shard file {root / name} listed in {root / 'manifest.json'} is missing (incomplete copy? rerun the build or the staging)")
         size = (root / entry.name).stat().st_size
         if size != entry.bytes:
-            raise ShardCorruptError(_truncation_message(entry, root / entry.name, size, root / entry.index))
+            raise ShardCorruptError(_truncation_message(entry, len(manifest.fields), root / entry.name, size, root / entry.index))
 
 
 def load_checked_index(manifest: Manifest, entry: ShardEntry, idx_path: Path, tar_size: int | None = None) -> np.ndarray:
@@ -183,7 +184,7 @@ def open_shard(manifest: Manifest, entry: ShardEntry, path: Path, idx_path: Path
     with fh:
         size = fh.seek(0, 2)
         if size != entry.bytes:
-            raise ShardCorruptError(_truncation_message(entry, path, size, idx_path))
+            raise ShardCorruptError(_truncation_message(entry, len(manifest.fields), path, size, idx_path))
         index = load_checked_index(manifest, entry, idx_path, size)
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
     sh = OpenShard(entry, path, mm, memoryview(mm) if mm is not None else memoryview(b""), index)
@@ -212,6 +213,7 @@ class ShardSet:
         self.root = self.locator.root  # a Path, or the URL of a remote cache (for messages)
         self.verify = verify
         self.starts = manifest.shard_starts()
+        self.packs = np.array([e.pack for e in manifest.shards], np.int64)  # records per tar member, per shard
         self.field_pos = {f.name: j for j, f in enumerate(manifest.fields)}
         self.codec = manifest.codec.name
         self._open: dict[int, OpenShard] = {}

@@ -112,7 +112,9 @@ def check_headers(shards: ShardSet, ids: np.ndarray, names: Sequence[str] | None
                 except (ValueError, zstandard.ZstdError) as exc:
                     raise ShardCorruptError(f"{shards.where(rid, name)}: {exc}") from exc
                 if schema.dtype == JSON_DTYPE:
-                    if prefix != (b"" if shape is not None else b"\n"):
+                    if shape is None and prefix != b"\n":  # a later entry of a JSON Lines member
+                        raise ShardCorruptError(f"{shards.where(rid, name)}: JSON Lines entry does not start with its '\\n' separator (it starts with {prefix[:8]!r})")
+                    if shape is not None and prefix:
                         raise ShardCorruptError(f"{shards.where(rid, name)}: {len(prefix)} stray bytes before the JSON text ({prefix[:8]!r})")
                 elif shape is None:
                     if prefix:

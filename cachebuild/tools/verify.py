@@ -18,7 +18,8 @@ import numpy as np
 
 from cachebuild.errors import CacheBuildError, ShardCorruptError
 from cachebuild.format.decode import read_block
-from cachebuild.format.manifest import read_manifest
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
+from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.records import check_headers, check_members, record_blocks
 
@@ -66,22 +67,54 @@ def _decode_shard(shards: ShardSet, s: int, report: VerifyReport, threads: int) 
         report.records += b - a
 
 
-def _verify_shard(shards: ShardSet, s: int, decode: bool, report: VerifyReport, threads: int) -> None:
+Extent = dict[int, tuple[np.ndarray, np.ndarray]]
+"""Per array field (by position): the smallest and largest shape of the records seen so far."""
+
+
+def _grow_extent(extent: Extent, index: np.ndarray, manifest: Manifest) -> None:
+    """Widen ``extent`` by the shapes in one shard's (checked) index."""
+    for j, f in enumerate(manifest.fields):
+        if f.dtype == JSON_DTYPE or not f.ndim or not len(index):
+            continue
+        shapes = index[:, j]["shape"][:, : f.ndim].astype(np.int64)
+        lo, hi = shapes.min(axis=0), shapes.max(axis=0)
+        if j in extent:
+            lo, hi = np.minimum(lo, extent[j][0]), np.maximum(hi, extent[j][1])
+        extent[j] = (lo, hi)
+
+
+def _schema_faults(manifest: Manifest, extent: Extent, root: Path) -> list[str]:
+    """The manifest's ``max_shape``/``min_shape`` must be its records' (the writer computes them from
+    the indexes); the loader's views size every batch by ``max_shape``, so a larger one is a fault."""
+    faults = []
+    for j, f in enumerate(manifest.fields):
+        if j not in extent:
+            continue
+        for key, said, got, word in (("max_shape", f.max_shape, extent[j][1], "largest"), ("min_shape", f.min_shape, extent[j][0], "smallest")):
+            if list(said) != got.tolist():
+                faults.append(f"{root / MANIFEST_NAME}: fields.{f.name}.{key} = {list(said)}, but its records' {word} shape is {got.tolist()} (not written by cachebuild; readers size batches by it)")
+    return faults
+
+
+def _verify_shard(shards: ShardSet, s: int, decode: bool, report: VerifyReport, threads: int, extent: Extent) -> bool:
+    """Check shard ``s`` (faults go to ``report``); False if it could not be opened."""
     entry = shards.manifest.shards[s]
     try:
         sh = shards.shard(s)  # files present, sizes, index sha256, index vs manifest and tar, first/last keys
     except CacheBuildError as exc:
         report.faults.append(str(exc))
-        return
+        return False
+    _grow_extent(extent, sh.index, shards.manifest)
     if hashlib.sha256(sh.view).hexdigest() != entry.sha256:
         report.faults.append(f"shard {entry.name}: sha256 mismatch (corrupt)")
     try:
         check_members(shards, s)
     except ShardCorruptError as exc:
         report.faults.append(str(exc))
-        return
+        return True
     if decode:
         _decode_shard(shards, s, report, threads)
+    return True
 
 
 def verify_cache(root: str | Path, decode: bool = True, progress: bool = False) -> VerifyReport:
@@ -92,11 +125,15 @@ def verify_cache(root: str | Path, decode: bool = True, progress: bool = False) 
     manifest = read_manifest(root)
     report = VerifyReport(root)
     threads = min(8, os.cpu_count() or 1)
+    extent: Extent = {}
+    opened = 0
     with ShardSet(manifest, root, verify="crc") as shards:
         for s in tqdm(range(len(manifest.shards)), unit=" shards", disable=not progress):
             try:
-                _verify_shard(shards, s, decode, report, threads)
+                opened += _verify_shard(shards, s, decode, report, threads, extent)
             finally:
                 shards.release([s])
             report.shards += 1
+    if opened == len(manifest.shards):  # (a shard that did not open is already a fault; its shapes are unknown)
+        report.faults += _schema_faults(manifest, extent, root)
     return report
