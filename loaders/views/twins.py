@@ -133,7 +133,9 @@ class TwinsView(View):
         self.mix, self.chunk = check_mixing(self.name, mix, auto_twin_chunk(batch_size, base.max_shape[0]) if chunk is None else chunk)
         if base.min_shape[:1] != base.max_shape[:1]:
             raise ValueError(f"view 'twins' needs the same number of base rows in every graph; cache has {base.min_shape[0]}..{base.max_shape[0]}")
-        self.compact = compact
+        if not isinstance(compact, (bool, np.bool_)):
+            raise ValueError(f"view 'twins': compact must be True or False, got {compact!r}")
+        self.compact = bool(compact)
         self.delta = delta
         self.n_max = manifest.schema("adj").max_shape[0]
         self.k_max = manifest.schema("targets").max_shape[0]
