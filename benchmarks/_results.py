@@ -25,9 +25,21 @@ def quick() -> bool:
     return os.environ.get("BENCH_QUICK", "") not in ("", "0")
 
 
+SCRATCH_KEYS = ("root", "out", "dir")
+"""Options that name a benchmark's scratch folder (deleted and rebuilt by the script)."""
+
+
 def quick_defaults(parser: argparse.ArgumentParser, **defaults: Any) -> None:
-    """In quick mode, replace the parser's defaults with these small ones (flags given still win)."""
+    """In quick mode, replace the parser's defaults with these small ones (flags given still win).
+
+    A scratch folder's default (:data:`SCRATCH_KEYS`) gets this process's id, so two quick
+    runs at once (the test suite next to a developer's ``make bench-quick``) never build
+    into, or delete, each other's folder.
+    """
     if quick():
+        for key in SCRATCH_KEYS:
+            if key in defaults:
+                defaults[key] = type(defaults[key])(f"{defaults[key]}-{os.getpid()}")
         parser.set_defaults(**defaults)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -108,6 +109,10 @@ def main() -> None:
         from _results import append
 
         append("Mixture of 3 caches vs one cache (issue 16)", rows, notes)
+    from _results import quick
+
+    if quick():  # its folder is this process's own (quick_defaults): nothing to reuse later
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -70,8 +70,10 @@ def test_wait_fraction_matches_known_delays():
 def test_zero_delay_iterator_is_not_data_bound():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DataBoundWarning)
-        sm = _run(StallMonitor(sample_every_s=None), _delayed(60, 0.0), body_s=0.002)
-    assert sm.steps == 59 and sm.wait_fraction < 0.02 and not sm.data_bound
+        sm = _run(StallMonitor(sample_every_s=None), _delayed(60, 0.0), body_s=0.005)
+    # nothing to wait for: what is measured is the hand-over itself plus the scheduler (one
+    # 10 ms preemption on a loaded machine is 0.03 of these 0.3 s), far under the 0.10 threshold
+    assert sm.steps == 59 and sm.wait_fraction < 0.05 and not sm.data_bound
 
 
 def test_overhead_per_step_is_negligible():
