@@ -387,3 +387,19 @@ def test_a_json_lines_entry_without_its_separator_is_named_so(packed: dict[str, 
     save_doc(root, doc)
     faults = verify_cache(root).faults
     assert len(faults) == 1 and "record 0000000009, field 'meta': JSON Lines entry does not start with its '\\n' separator" in faults[0], faults
+
+
+def test_a_batch_larger_than_memory_is_refused_before_allocating(packed: dict[str, Path], tmp_path: Path) -> None:
+    """The loader sizes its batches by the manifest's ``max_shape`` (it cannot check it without
+    every index; ``verify`` does): a claim of 2^30 tokens per record made the first batch a torch
+    ``RuntimeError`` traceback (42.9 GB asked for at batch 8). A batch that cannot fit in this
+    machine's memory is now one line naming the biggest key and what to do."""
+    from cachebuild.errors import ConfigError
+    from loaders import ShardStream
+
+    root, doc = _copy(packed["zstd"], tmp_path / "c")
+    doc["fields"]["tokens"]["max_shape"] = [1 << 30]
+    save_doc(root, doc)
+    rows = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (4 << 30) + 2  # 4 GiB a row
+    with pytest.raises(ConfigError, match=r"batch_size \d+ on .* needs [\d.]+ GB per batch \(.tokens. \[\d+, 1073741824\] int32 alone: .*more than this machine.s"):
+        ShardStream(root, view="records", batch_size=int(rows), shuffle=False)
