@@ -403,3 +403,25 @@ def test_a_batch_larger_than_memory_is_refused_before_allocating(packed: dict[st
     rows = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (4 << 30) + 2  # 4 GiB a row
     with pytest.raises(ConfigError, match=r"batch_size \d+ on .* needs [\d.]+ GB per batch \(.tokens. \[\d+, 1073741824\] int32 alone: .*more than this machine.s"):
         ShardStream(root, view="records", batch_size=int(rows), shuffle=False)
+
+
+def test_a_remote_cache_fault_names_the_url_not_the_local_copy(packed: dict[str, Path], tmp_path: Path) -> None:
+    """A remote shard is checked in the local fetch folder; its faults named that folder's copy
+    (``index /tmp/.../52f1c5393ed5e643/shard-00000.idx.npy.zst: ...``), a path the user never gave."""
+    from cachebuild.errors import ShardCorruptError
+    from loaders import ShardStream
+    from loaders.remote import RemoteOptions
+    from remote_fixtures import serve_folder
+
+    root, doc = _copy(packed["zstd"], tmp_path / "site" / "c")
+    idx = root / doc["shards"][0]["index"]
+    idx.write_bytes(idx.read_bytes()[:-10])  # a truncated frame, hashes recomputed: it arrives intact
+    rehash(root, doc, 0)
+    save_doc(root, doc)
+    fetched = tmp_path / "fetched"
+    with serve_folder(tmp_path / "site") as (url, _):
+        with pytest.raises(ShardCorruptError) as info:
+            for _ in ShardStream(f"{url}/c", view="records", batch_size=8, shuffle=False, remote=RemoteOptions(cache_dir=str(fetched))):
+                pass
+    msg = str(info.value)
+    assert f"index {url}/c/shard-00000.idx.npy.zst: zstd frame is truncated" in msg and str(fetched) not in msg, msg
