@@ -13,6 +13,7 @@ the buffer is one of the worker's reusable shared-memory slots
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterator, Mapping
@@ -75,6 +76,21 @@ class Layout:
     def __repr__(self) -> str:
         keys = ", ".join(f"{k}: {list(f.shape)} {f.dtype}" for k, f in self.fields.items())
         return f"Layout({keys})"
+
+    def check_fits(self, batch_size: int, where: str) -> None:
+        """Refuse (:class:`~cachebuild.errors.ConfigError`) a batch larger than this machine's memory,
+        before anything is allocated: batches are sized by the manifest's ``max_shape``, which the
+        loader trusts (``cachebuild verify`` checks it against the records)."""
+        from cachebuild.errors import ConfigError
+
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if self.nbytes > memory and self.fields:
+            key, f = max(self.fields.items(), key=lambda kv: kv[1].nbytes)
+            raise ConfigError(
+                f"batch_size {batch_size} on {where} needs {self.nbytes / 1e9:.1f} GB per batch ('{key}' {list(f.shape)} {f.dtype} alone: "
+                f"{f.nbytes / 1e9:.1f} GB), more than this machine's {memory / 1e9:.1f} GB of memory: lower batch_size, or check the cache's "
+                "max_shape (`cachebuild verify` compares it with the records)"
+            )
 
     def shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """``key -> (shape, dtype)``, for documentation and checks."""

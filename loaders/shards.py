@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from cachebuild.errors import RemoteError
+from cachebuild.errors import CacheBuildError, RemoteError
 from cachebuild.format.manifest import Manifest
 from loaders.remote import RemoteOptions, ShardFetcher
 
@@ -50,7 +50,7 @@ class RemoteFiles:
         for attempt in range(_EVICTED_ATTEMPTS):
             try:
                 return action()
-            except FileNotFoundError as exc:
+            except FileNotFoundError as exc:  # (first: a ManifestError for a missing file is one too)
                 if attempt == _EVICTED_ATTEMPTS - 1:
                     cache = self.fetcher.cache
                     raise RemoteError(
@@ -59,6 +59,11 @@ class RemoteFiles:
                         f"sharing it (allow at least processes x (prefetch + 1) x shard size)"
                     ) from exc
                 time.sleep(0.02 * (attempt + 1))
+            except CacheBuildError as exc:  # checked in the local copy: name the file by its URL
+                folder = str(self.fetcher.cache.folder)
+                if folder not in str(exc):
+                    raise
+                raise type(exc)(str(exc).replace(folder, self.root)) from exc
         raise AssertionError("unreachable")
 
     def plan(self, shard_order: list[int]) -> None:

@@ -130,6 +130,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         finally:
             probe.close()
         self.layout: Layout = self.view.layout()
+        self.layout.check_fits(batch_size, str(self.root))
         self._spec = self.layout.spec()
         self._counts = np.array([s.records for s in self.manifest.shards], dtype=np.int64)
         check_rank(rank, world_size)
