@@ -7,6 +7,7 @@ import io
 import json
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -233,3 +234,16 @@ def test_build_summary_explains_only_a_real_loss() -> None:
 
     assert ratio_text(0.98) == "ratio 0.98x"  # a raw packed cache: framing and index only
     assert "--pack" in ratio_text(0.4) and ratio_text(2.5) == "ratio 2.50x"
+
+
+def _wide_block(rng: np.random.Generator, start: int, stop: int) -> dict:
+    return {"x": rng.standard_normal((stop - start, 64, 64)).astype(np.float32)}  # 16 KB per record
+
+
+def test_a_pack_asked_for_and_lowered_to_keep_members_small_is_said(tmp_path: Path) -> None:
+    wide = FunctionSource.per_block(_wide_block, {"x": "float32"})
+    with pytest.warns(UserWarning, match=r"build\.pack = 4096: packing 1024 records per tar member instead, so a member stays within 16 MB"):
+        build(wide, tmp_path / "asked", records=40, pack=4096, progress=False, backend="threading")
+    assert {s.pack for s in read_manifest(tmp_path / "asked").shards} == {1024}
+    gen = subprocess.run([sys.executable, "-m", "cachebuild.cli", "generate", "--graphs", "64", "--pack", "4096", "--out", str(tmp_path / "g"), "-q"], capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0 and "build.pack = 4096: packing" in gen.stderr and len(gen.stderr.strip().splitlines()) == 1, gen.stderr

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -34,7 +35,7 @@ from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.codec import Codec
 from cachebuild.format.generations import GENERATIONS_DIR
 from cachebuild.format.index import index_from_bytes
-from cachebuild.format.packing import effective_pack
+from cachebuild.format.packing import MEMBER_BYTES, effective_pack
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
@@ -289,7 +290,11 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
     record_bytes = source.estimated_record_bytes()
     if record_bytes > MAX_MEMBER_BYTES:
         raise ConfigError(f"one record would take about {record_bytes} bytes, more than the {MAX_MEMBER_BYTES}-byte limit of a member: check the recipe's sizes (samples, nodes, segments)")
-    opts = replace(opts, codec=replace(opts.codec, pack=effective_pack(opts.codec.pack, record_bytes)))
+    pack = effective_pack(opts.codec.pack, record_bytes)
+    if opts.pack_given and pack < opts.codec.pack:
+        msg = f"build.pack = {opts.codec.pack}: packing {pack} records per tar member instead, so a member stays within {MEMBER_BYTES >> 20} MB (records of about {record_bytes:,} bytes)"
+        warnings.warn(msg, UserWarning, stacklevel=2)
+    opts = replace(opts, codec=replace(opts.codec, pack=pack))
     per_shard = records_per_shard(opts.records, opts.shard_bytes, record_bytes)
     n_shards = -(-opts.records // per_shard)
     if n_shards > MAX_SHARDS:
