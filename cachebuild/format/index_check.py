@@ -26,6 +26,7 @@ from cachebuild.format.index import MAX_NDIM
 from cachebuild.format.limits import END_BYTES, MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
 from cachebuild.format.names import JSON_DTYPE, KEY_DIGITS, member_name, record_key
 from cachebuild.format.packing import is_first_entry, tar_order
+from cachebuild.format.tarball import tar_headers
 
 __all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_names", "frame_content_sizes", "frame_headers", "parse_frame_headers"]
 
@@ -180,8 +181,6 @@ def _check_member_chunk(blocks: np.ndarray, index: np.ndarray, sizes: np.ndarray
             f"{got[i, j].decode('ascii', 'replace')!r} ({int(got_size[i, j])} bytes), expected {want[i, j].decode()!r} "
             f"({int(member_size[i, j])} bytes): shard misplaced or swapped in the manifest, or corrupt"
         )
-    from cachebuild.format.tarball import tar_headers
-
     diff = heads != tar_headers([n.decode() for n in want.reshape(-1).tolist()], member_size.reshape(-1))
     bad_rows = np.flatnonzero(diff.any(axis=1))
     if bad_rows.size:

@@ -161,12 +161,13 @@ def _json_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[[
             texts.append(dumps(v, sort_keys=True, separators=(",", ":")).encode())
         except (TypeError, ValueError) as exc:
             raise MemberError(f"field '{spec.name}' of record {key_of(i)}: not JSON-able ({exc})", i) from exc
-    if max(map(len, texts), default=0) > MAX_JSON_BYTES:  # every reader refuses it as corrupt: refuse to write it
-        i = next(i for i, t in enumerate(texts) if len(t) > MAX_JSON_BYTES)
-        raise MemberError(f"field '{spec.name}' of record {key_of(i)}: JSON of {len(texts[i])} bytes is over the {MAX_JSON_BYTES} bytes a reader accepts", i)
+    sizes = [len(t) for t in texts]
+    if max(sizes, default=0) > MAX_JSON_BYTES:  # every reader refuses it as corrupt: refuse to write it
+        i = next(i for i, n in enumerate(sizes) if n > MAX_JSON_BYTES)
+        raise MemberError(f"field '{spec.name}' of record {key_of(i)}: JSON of {sizes[i]} bytes is over the {MAX_JSON_BYTES} bytes a reader accepts", i)
     prefixes = [b""] * len(texts) if pack == 1 else [b"" if i % pack == 0 else b"\n" for i in range(len(texts))]
     crcs = [zlib.crc32(t, zlib.crc32(p)) for p, t in zip(prefixes, texts)] if raw else []
-    return _Column(prefixes, texts, [len(t) for t in texts], [()] * len(texts), crcs)
+    return _Column(prefixes, texts, sizes, [()] * len(texts), crcs)
 
 
 def _rows(columns: list[_Column], count: int) -> np.ndarray:
