@@ -65,11 +65,14 @@ def test_streamed_index_frame_past_its_bound_is_refused(cache: Path) -> None:
 
 @pytest.mark.parametrize("pack", [3, 4])
 def test_a_wrong_pack_in_the_manifest_is_named(cache: Path, pack: int) -> None:
-    """A hand-edited shard ``pack`` reads as entries out of order; the one-line error names the
-    manifest field and value as the likely cause. (Removing it, pack 1, is caught earlier here:
-    the shard's bytes cannot hold one member per record and field.)"""
+    """A hand-edited ``pack`` (the cache's and every shard's alike, else the manifest is refused
+    outright) reads as entries out of order; the one-line error names the manifest field and value
+    as the likely cause. (Removing it, pack 1, is caught earlier here: the shard's bytes cannot hold
+    one member per record and field.)"""
     doc = load_doc(cache)
-    doc["shards"][1]["pack"] = pack
+    doc["codec"]["pack"] = pack
+    for shard in doc["shards"]:
+        shard["pack"] = pack
     save_doc(cache, doc)
     first = doc["shards"][1]["first_record"]
     with pytest.raises(ShardCorruptError, match=rf"out of order.*; or the manifest's shards\[1\]\.pack = {pack} is not the shard's"):

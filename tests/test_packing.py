@@ -173,13 +173,29 @@ def test_manifest_with_bad_pack_is_refused(caches: dict, tmp_path: Path) -> None
 
 
 def test_wrong_pack_in_manifest_is_caught(caches: dict, tmp_path: Path) -> None:
-    """A manifest claiming another pack than the tar has: the index layout check refuses the shard."""
+    """A manifest claiming another pack than the tar has (for the cache and every shard alike): the
+    index layout check refuses the shard."""
     cache = _copy(caches[("zstd", 8)], tmp_path / "c")
     doc = json.loads((cache / "manifest.json").read_text())
-    doc["shards"][0]["pack"] = 4
+    doc["codec"]["pack"] = 4
+    for shard in doc["shards"]:
+        shard["pack"] = 4
     (cache / "manifest.json").write_text(json.dumps(doc))
     with pytest.raises(ShardCorruptError, match="gap inside|overlap"):
         read_record(open_cache(cache), 0)
+
+
+def test_a_shard_packing_otherwise_than_its_cache_is_refused(caches: dict, tmp_path: Path) -> None:
+    """Every shard of a cache packs alike (an append packs with the cache's ``codec.pack``): a shard
+    entry saying otherwise is refused when the manifest is read, naming both keys (it was read with
+    the shard's own value, and an append would have packed with the other)."""
+    cache = _copy(caches[("zstd", 8)], tmp_path / "c")
+    doc = json.loads((cache / "manifest.json").read_text())
+    doc["shards"][-1]["pack"] = 4
+    (cache / "manifest.json").write_text(json.dumps(doc))
+    last = len(doc["shards"]) - 1
+    with pytest.raises(ManifestError, match=rf"shards\[{last}\]\.pack = 4 but codec\.pack = 8"):
+        read_manifest(cache)
 
 
 def test_renamed_packed_member_is_caught(caches: dict, tmp_path: Path) -> None:

@@ -209,6 +209,9 @@ def check_manifest(m: Any, declared_records: Any, where: str) -> None:
             seen.add(getattr(s, key))
     if declared_records is not None and declared_records != first - base:
         raise ManifestError(f"{where}: records = {declared_records!r} but its shards hold {first - base} records")
+    other = next((i for i, s in enumerate(m.shards) if s.pack != m.codec.pack), None)
+    if other is not None:  # an append packs with the cache's own pack, so every shard has it
+        raise ManifestError(f"{where}: shards[{other}].pack = {m.shards[other].pack!r} but codec.pack = {m.codec.pack!r}: every shard of a cache packs its records alike")
     packed = next((i for i, s in enumerate(m.shards) if s.pack != 1), None)
     if packed is not None and m.version < PACKED_VERSION:
         raise ManifestError(f"{where}: shards[{packed}].pack = {m.shards[packed].pack} needs format version {PACKED_VERSION}, the manifest says {m.version}")
