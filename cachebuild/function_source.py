@@ -16,6 +16,7 @@ running script: loky ships it by value).
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,8 +59,31 @@ def _schema(fields: Mapping[str, str] | Any) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _raw_bytes(record: Mapping[str, Any]) -> int:
-    return sum(int(getattr(v, "nbytes", 64)) for v in record.values())
+def _value_bytes(value: Any, dtype: str) -> int:
+    """Raw bytes of one record's value of a field: an array's ``nbytes`` (a list of numbers as the
+    field's dtype), a JSON value's compact text; 64 when it is neither (the writer refuses it later)."""
+    nbytes = getattr(value, "nbytes", None)
+    if nbytes is not None and dtype != JSON_DTYPE:
+        return int(nbytes)
+    try:
+        if dtype == JSON_DTYPE:
+            return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+        return int(np.asarray(value, dtype=dtype).nbytes)
+    except (TypeError, ValueError, OverflowError):
+        return 64
+
+
+def _raw_bytes(record: Mapping[str, Any], dtypes: Mapping[str, str]) -> int:
+    return sum(_value_bytes(v, dtypes.get(k, "")) for k, v in record.items())
+
+
+def _column_bytes(column: Any, dtype: str) -> int:
+    """Raw bytes of a per-block column: a stacked array's ``nbytes``, or the sum over a list of
+    per-record values (ragged arrays, JSON); a list's length is not its size (a ragged field of
+    200 KB records was taken for 64 bytes, so shards and members grew thousands of times past their bounds)."""
+    if dtype != JSON_DTYPE and getattr(column, "nbytes", None) is not None:
+        return int(column.nbytes)
+    return sum(_value_bytes(v, dtype) for v in column)
 
 
 @dataclass(frozen=True)
@@ -114,15 +138,17 @@ class FunctionSource:
         }
 
     def estimated_record_bytes(self) -> int:
-        """``record_bytes`` if given, else the size of record 0 of shard 0 with seed 0 (made here, then dropped)."""
+        """``record_bytes`` if given, else the size of record 0 of shard 0 with seed 0 (made here, then
+        dropped): arrays by their bytes (each record's own, for ragged fields), JSON by its compact text."""
         if self.record_bytes is not None:
             return int(self.record_bytes)
         rng = block_rng(0, 0, 0)
+        dtypes = dict(self.schema)
         try:
             if self.mode == "record":
-                return max(1, _raw_bytes(self.fn(rng, 0, **self.params)))
+                return max(1, _raw_bytes(self.fn(rng, 0, **self.params), dtypes))
             cols = self.fn(rng, 0, 1, **self.params)
-            return max(1, sum(int(getattr(v, "nbytes", 64 * len(v))) for v in cols.values()))
+            return max(1, sum(_column_bytes(v, dtypes.get(k, "")) for k, v in cols.items()))
         except Exception as exc:
             raise SourceError(f"source {self.kind!r} shard 0 record 0 raised {type(exc).__name__}: {exc} (sizing a probe record, seed 0)") from exc
 

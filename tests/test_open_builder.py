@@ -227,3 +227,35 @@ def test_block_function_errors_name_the_field(tmp_path: Path, fn, words: list[st
     assert msg.startswith(f"source '{src.kind}' shard 0 ") and "\n" not in msg
     for word in words:
         assert word in msg, msg
+
+
+def _ragged_block(rng: np.random.Generator, start: int, stop: int) -> dict:
+    """Ragged float32 clips of 9,000-11,000 samples (~40 KB each), given as a list, and JSON metadata."""
+    n = stop - start
+    return {
+        "audio": [np.full(int(k), i, np.float32) for i, k in zip(range(start, stop), rng.integers(9_000, 11_001, n))],
+        "meta": [{"file": f"clip-{i:06d}.wav", "tags": ["x"] * 20} for i in range(start, stop)],
+    }
+
+
+def _ragged_record(rng: np.random.Generator, index: int) -> dict:
+    return {"audio": list(range(10_000)), "meta": {"file": f"clip-{index:06d}.wav", "tags": ["x"] * 20}}
+
+
+def test_a_ragged_source_is_sized_by_its_records_bytes_not_its_lists_lengths(tmp_path: Path) -> None:
+    """The size estimate that cuts shards (``shard_mb``) and members (16 MB) counts a ragged
+    column's arrays and a JSON column's text: it took a list of per-record values for 64 bytes,
+    so a cache of 40 KB clips got shards ~600x past ``shard_mb``."""
+    import json
+
+    from cachebuild import FunctionSource, build
+
+    block_src = FunctionSource.per_block(_ragged_block, {"audio": "float32", "meta": "json"})
+    meta_bytes = len(json.dumps(_ragged_block(np.random.default_rng(0), 0, 1)["meta"][0], separators=(",", ":")))
+    assert 9_000 * 4 + meta_bytes <= block_src.estimated_record_bytes() <= 11_000 * 4 + meta_bytes
+    record_src = FunctionSource.per_record(_ragged_record, {"audio": "int64", "meta": "json"})
+    assert record_src.estimated_record_bytes() == 10_000 * 8 + meta_bytes
+    build(block_src, tmp_path / "c", records=300, shard_mb=0.5, progress=False, workers=1)
+    doc = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    per_shard = [s["records"] for s in doc["shards"]]
+    assert len(per_shard) >= 20 and max(per_shard) <= 15, per_shard  # about 0.5 MB of 40 KB records: 12 or 13
