@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from loaders.batch import Batch, PackedBatch
 from loaders.handover import Handover, clean_worker_error
+from loaders.shared_pools import SharedPools, shared_pools_for
 from loaders.slots import ZERO_COPY_HELD, SlotRings, register, unregister
 from loaders.state import make_state
 from loaders.stream import ShardStream
@@ -63,9 +64,21 @@ class StreamLoader(DataLoader[Any]):
         if driven.slot_rings is not None:
             unregister(driven.slot_rings)
             driven.slot_rings = None
+        driven.shared_pools = None
         if self.num_workers > 0:
             driven.slot_rings = SlotRings(self.num_workers, slot_count(self.prefetch_factor or 2), driven.layout.nbytes)
             register(driven.slot_rings, self)
+            driven.shared_pools = self._shared_pools(driven)
+
+    def _shared_pools(self, driven: ShardStream) -> SharedPools | None:
+        """Decoded pools the workers share (:mod:`loaders.shared_pools`), for views that keep pools decoded."""
+        if self.num_workers < 2 or getattr(driven.view, "store", None) is None:
+            return None
+        try:
+            plan = driven.plan()
+        except Exception:  # (a closed schedule, ...) the pass itself says what is wrong
+            return None
+        return shared_pools_for(driven.view, plan, self.num_workers, self.multiprocessing_context)
 
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
         if self.num_workers > 0 and not self.persistent_workers:

@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from loaders.pools import PoolTable, max_pools_per_batch, pool_bounds, pool_table
+from loaders.pools import PoolTable, distinct, max_pools_per_batch, plan_fingerprint, pool_bounds, pool_table
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -166,6 +166,7 @@ class BatchItems:
     pool_span: int = 0
     plan_key: tuple[Any, ...] = ()
     pool_records: Callable[[int], np.ndarray] | None = None  # pool q -> its record ids (a store decodes whole pools)
+    plan_id: int = 0  # the plan's fingerprint (EpochPlan.fingerprint): the same in every process
 
 
 def _segments(lo: int, size: int, total: int, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -187,22 +188,6 @@ def _segments(lo: int, size: int, total: int, bounds: np.ndarray) -> tuple[np.nd
         items.append(np.arange(a, a + seg, dtype=np.int64) - np.repeat(bounds[u], c))
         p += seg
     return np.concatenate(units), np.concatenate(counts), np.concatenate(items)
-
-
-def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(values, return_inverse=True)``; by marking instead of sorting when the values
-    span a short range (a mixed batch's records lie in one or two pools)."""
-    if not len(values):
-        return values, values
-    lo = int(values.min())
-    span = int(values.max()) - lo + 1
-    if span > 4 * len(values):
-        upos, slot = np.unique(values, return_inverse=True)
-        return upos, slot.reshape(-1)
-    mark = np.zeros(span, bool)
-    mark[values - lo] = True
-    index = np.cumsum(mark) - 1
-    return np.flatnonzero(mark) + lo, index[values - lo]
 
 
 def _first_rows(slot: np.ndarray, groups: int, rows: int) -> np.ndarray:
@@ -232,6 +217,7 @@ class EpochPlan:
     pools: np.ndarray | None = None
     pool_items: np.ndarray | None = None
     _tables: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    _fingerprint: list[int] = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -387,7 +373,14 @@ class EpochPlan:
             self.pool_span,
             (self.seed, self.epoch, len(self.order), len(self.pools), self.chunk),
             self.pool_records,
+            self.fingerprint(),
         )
+
+    def fingerprint(self) -> int:
+        """:func:`loaders.pools.plan_fingerprint` of this plan, computed once."""
+        if not self._fingerprint:
+            self._fingerprint.append(plan_fingerprint(self.order, self.pools, self.seed, self.epoch, self.chunk))
+        return self._fingerprint[0]
 
     def pool_records(self, q: int) -> np.ndarray:
         """Record ids of pool ``q`` (its slice of the epoch order)."""

@@ -26,6 +26,7 @@ Everything here is a pure function of integers and arrays.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,8 @@ __all__ = [
     "pool_table",
     "max_pools_per_batch",
     "max_records_per_batch",
+    "plan_fingerprint",
+    "distinct",
 ]
 
 DEFAULT_MIX = 1024
@@ -125,3 +128,30 @@ def max_records_per_batch(items: np.ndarray, batch_size: int, chunk: int = 1) ->
     if records == 0:
         return 1
     return int(min(records, batch_size, -(-(batch_size - 1) // int(shortest)) + 1))
+
+
+def plan_fingerprint(order: np.ndarray, pools: np.ndarray | None, seed: int, epoch: int, chunk: int) -> int:
+    """A positive int63 of an epoch's record order, pools and chunking: equal in every process that
+    plans the same epoch (of the same generations), so DataLoader workers can share decoded pools
+    by it (:mod:`loaders.shared_pools`)."""
+    h = hashlib.blake2b(digest_size=8)
+    for part in (order, pools, np.array([seed, epoch, chunk], np.int64)):
+        if part is not None:
+            h.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
+    return (int.from_bytes(h.digest(), "little") >> 1) | 1
+
+
+def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``; by marking instead of sorting when the values
+    span a short range (a mixed batch's records lie in one or two pools)."""
+    if not len(values):
+        return values, values
+    lo = int(values.min())
+    span = int(values.max()) - lo + 1
+    if span > 4 * len(values):
+        upos, slot = np.unique(values, return_inverse=True)
+        return upos, slot.reshape(-1)
+    mark = np.zeros(span, bool)
+    mark[values - lo] = True
+    index = np.cumsum(mark) - 1
+    return np.flatnonzero(mark) + lo, index[values - lo]

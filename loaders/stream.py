@@ -45,6 +45,7 @@ from loaders.passes import Control, Progress
 from loaders.plan import DEFAULT_WINDOW, EpochPlan
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
 from loaders.shards import RemoteFiles
+from loaders.shared_pools import SharedPools
 from loaders.slots import SlotRings
 from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state
 from loaders.views import make_view
@@ -146,6 +147,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._reader_pid = -1
         self._plan_cache: tuple[tuple[tuple[int, ...], int], EpochPlan] | None = None
         self.slot_rings: SlotRings | None = None  # set by a loader with workers (see loaders.slots)
+        self.shared_pools: SharedPools | None = None  # set by a loader with 2+ workers (see loaders.shared_pools)
 
     # ---- pickling (DataLoader workers): no open files, no cached plan
 
@@ -339,6 +341,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     def _batches(self, plan: EpochPlan, ids: np.ndarray, shared: bool, count: bool, rings: SlotRings | None = None, worker: int = 0) -> Iterator[Any]:
         shards = self._shards()
         threads = 1 if shared else (self._decode_threads or min(4, os.cpu_count() or 1))
+        store = getattr(self.view, "store", None)
+        if store is not None:
+            store.attach(self.shared_pools if shared else None, worker)
         opens = closes = None
         if self.remote is not None:  # fetch this process's shards in order of use; close each after its last batch
             shards.release()  # anything a pass left open (an aborted pass, batch())

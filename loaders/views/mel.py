@@ -173,11 +173,19 @@ class MelView(_MelBase):
         arrays["n_short"][dest] = blocks["mel"].shapes[:, 1]
 
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
-        L, S, M, T = self.max_shape
-        B, G = self.batch_size, len(items.unique)
+        G = len(items.unique)
         if self.g_max is not None and G > self.g_max:
             raise RuntimeError(f"batch {items.index} spans {G} files, more than the planned {self.g_max}")
         files, where = self.store.rows(shards, items)
+        try:
+            self._gather(files, where, items, out)
+        finally:
+            self.store.finish_batch()  # shared pools this batch read may be reused
+
+    def _gather(self, files: dict[str, np.ndarray], where: np.ndarray, items: BatchItems, out: dict[str, np.ndarray]) -> None:
+        """Fill the batch's keys from the decoded files (``where[g]``: the row of ``items.unique[g]``)."""
+        L, S, M, T = self.max_shape
+        B = self.batch_size
         row = where[items.slot]  # each batch row's file in the decoded arrays
         # Segment k of a file is (long k // S_f, short k % S_f).
         per_short = files["n_short"][row]

@@ -17,6 +17,10 @@ records) are then paid once per pool instead of once per batch. Memory:
 
 Without pools (no shuffle, or a one-item view) the store decodes the batch's
 records into fresh arrays, as a per-batch block.
+
+In DataLoader workers the store first tries the pools the loader shares between
+its workers (:mod:`loaders.shared_pools`: each pool decoded once in all, not once
+per worker); it keeps its private regions for batches that cannot use them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from loaders.plan import BatchItems
+from loaders.shared_pools import SharedPools
 from cachebuild.format.reader import ShardSet
 
 __all__ = ["Dense", "DecodeInto", "RecordStore"]
@@ -52,7 +57,13 @@ class RecordStore:
         self.fields = dict(fields)
         self.decode = decode
         self.decodes = 0  # records decoded so far by this process (for tests and benchmarks)
+        self.shared: SharedPools | None = None  # pools shared with the other workers (set in a worker)
+        self.worker = 0
         self.clear()
+
+    def attach(self, shared: SharedPools | None, worker: int) -> None:
+        """Use ``shared`` (the loader's pools shared between its workers) as this worker ``worker``."""
+        self.shared, self.worker = shared, worker
 
     def clear(self) -> None:
         """Forget every decoded record (and free their memory)."""
@@ -64,7 +75,7 @@ class RecordStore:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)  # a pickled stream (DataLoader workers) carries no decoded records
-        state.update(arrays=None, size=0, span=0, held=np.zeros(0, np.int64), epoch_key=None, done=np.zeros(0, bool))
+        state.update(arrays=None, size=0, span=0, held=np.zeros(0, np.int64), epoch_key=None, done=np.zeros(0, bool), shared=None, worker=0)
         return state
 
     def _alloc(self, rows: int) -> dict[str, np.ndarray]:
@@ -80,6 +91,11 @@ class RecordStore:
             where = np.arange(len(items.unique), dtype=np.int64)
             self._decode(shards, items.unique, arrays, where)
             return arrays, where
+        if self.shared is not None and items.pool_records is not None and self.shared.fits(items, self.fields):
+            zero = [k for k, f in self.fields.items() if f.zero]
+            got = self.shared.take(items, self.worker, lambda ids, rows, arrays: self._decode(shards, ids, arrays, rows), zero)
+            if got is not None:
+                return got
         if self.arrays is None or (items.pool_size, items.pool_span) != (self.size, self.span):
             self.size, self.span = items.pool_size, items.pool_span
             self.arrays = self._alloc(self.size * self.span)
@@ -98,6 +114,11 @@ class RecordStore:
             self._decode(shards, ids, self.arrays, dest)
             self.done[dest] = True
         return self.arrays, where
+
+    def finish_batch(self) -> None:
+        """The batch :meth:`rows` served is built: shared regions it read may be reused."""
+        if self.shared is not None:
+            self.shared.done()
 
     def _whole_pools(self, items: BatchItems, region: np.ndarray, missing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every record not decoded yet of the pools holding the batch's ``missing`` records: ``(ids, rows)``.

@@ -70,7 +70,8 @@ from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
-from loaders.plan import BatchItems, distinct
+from loaders.plan import BatchItems
+from loaders.pools import distinct
 from loaders.pools import DEFAULT_MIX, chunk_lengths, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, pad_mask, require_fields, resolve_delta
 from loaders.views.store import Dense, RecordStore
@@ -219,12 +220,20 @@ class TwinsView(View):
         arrays["n"][dest] = blocks["adj"].shapes[:, 0]
 
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
-        S, K, N, B = self.s, self.k_max, self.n_max, self.batch_size
-        uniq, inv = items.unique, items.slot
-        G = len(uniq)
+        G = len(items.unique)
         if self.g_max is None or G > self.g_max:
             raise RuntimeError(f"batch {items.index} spans {G} graphs, more than the planned {self.g_max}")
         graphs, where = self.store.rows(shards, items)
+        try:
+            self._gather(graphs, where, items, out)
+        finally:
+            self.store.finish_batch()  # shared pools this batch read may be reused
+
+    def _gather(self, graphs: dict[str, np.ndarray], where: np.ndarray, items: BatchItems, out: dict[str, np.ndarray]) -> None:
+        """Fill the batch's keys from the decoded graphs (``where[g]``: the row of ``items.unique[g]``)."""
+        S, K, N, B = self.s, self.k_max, self.n_max, self.batch_size
+        uniq, inv = items.unique, items.slot
+        G = len(uniq)
         row = where[inv]  # each batch row's graph in the decoded arrays
         k = items.items // S
         j = items.items - k * S

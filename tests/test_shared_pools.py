@@ -1,0 +1,116 @@
+"""Decoded pools shared between DataLoader workers (``loaders.shared_pools``): each pool is decoded
+once in all instead of once per worker, and the batches are the ones 0 workers give, bit for bit.
+
+Real DataLoader worker processes, real caches; the counts come from the shared control block the
+workers update (``SharedPools.decoded``: records decoded into shared regions by every worker;
+``private_batches``: batches a worker built from its private store instead).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from loader_fixtures import all_batches_equal, build_causal, build_mel_from_arrays
+from loaders import ShardStream, make_loader
+from loaders.shared_pools import SharedPools
+
+GRAPHS = 240
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_causal(tmp_path_factory.mktemp("shared-pools") / "c", graphs=GRAPHS, shard_mb=0.6)
+
+
+@pytest.fixture(scope="module")
+def mels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_mel_from_arrays(tmp_path_factory.mktemp("shared-pools-mel") / "c", files=300, shard_mb=1.0)
+
+
+def _twins(root: Path, **kw) -> ShardStream:
+    return ShardStream(root, view="twins", batch_size=1024, shuffle=True, seed=5, compact=True, mix=64, **kw)
+
+
+def _epochs(loader, epochs: int) -> list[dict]:
+    out = []
+    for e in range(epochs):
+        loader.set_epoch(e)
+        out += [{k: v.clone() for k, v in b.items()} for b in loader]
+    return out
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_workers_share_each_pool_and_give_the_batches_of_0_workers(graphs: Path, workers: int) -> None:
+    """2 and 3 persistent workers over 2 epochs: every graph decoded exactly once per epoch in all
+    (it was once per worker), no batch built privately, and the batches of 0 workers."""
+    want = _epochs(make_loader(_twins(graphs), num_workers=0), 2)
+    loader = make_loader(_twins(graphs), num_workers=workers, persistent_workers=True)
+    got = _epochs(loader, 2)
+    assert all_batches_equal(want, got)
+    shared = loader.dataset.shared_pools
+    assert isinstance(shared, SharedPools) and shared.workers == workers
+    assert shared.decoded == 2 * GRAPHS and shared.private_batches == 0
+
+
+def test_mel_segments_share_pools_across_passes_of_fresh_workers(mels: Path) -> None:
+    """The ``mel`` view, workers started anew for each pass (new shared pools each time): the
+    batches of 0 workers, each file decoded once per pass."""
+
+    def stream() -> ShardStream:
+        return ShardStream(mels, view="mel", batch_size=512, shuffle=True, seed=2, mix=128)
+
+    want = _epochs(make_loader(stream(), num_workers=0), 2)
+    loader = make_loader(stream(), num_workers=2, persistent_workers=False)
+    got = []
+    for e in range(2):
+        loader.set_epoch(e)
+        got += [{k: v.clone() for k, v in b.items()} for b in loader]
+        assert loader.dataset.shared_pools.decoded == 300 and loader.dataset.shared_pools.private_batches == 0
+    assert all_batches_equal(want, got)
+
+
+def test_too_few_regions_fall_back_to_private_decoding(graphs: Path) -> None:
+    """With one shared region (a batch touching two pools cannot fit), workers build those batches
+    from their private stores: the batches do not change, and no worker waits for ever."""
+    want = _epochs(make_loader(_twins(graphs), num_workers=0), 1)
+    loader = make_loader(_twins(graphs), num_workers=2, persistent_workers=True)
+    big = loader.dataset.shared_pools
+    small = SharedPools(big.fields, big.pool_size, 1, 2, big.lock)
+    loader.dataset.shared_pools = small  # before the (persistent) workers start
+    got = _epochs(loader, 1)
+    assert all_batches_equal(want, got)
+    assert small.private_batches > 0 and 0 < small.decoded
+
+
+def test_a_corrupt_pool_fails_cleanly_in_every_worker(graphs: Path, tmp_path: Path) -> None:
+    """A pool whose decode raises frees its region: the worker waiting for it gives up and decodes
+    (and fails) itself; the loader raises the one-line error and nothing hangs."""
+    from cachebuild.errors import ShardCorruptError
+    from cachebuild.format import read_manifest
+
+    root = tmp_path / "c"
+    shutil.copytree(graphs, root)
+    tar = root / read_manifest(root).shards[0].name
+    data = bytearray(tar.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + 64] = bytes(64)  # zeros in the middle of a zstd frame of shard 0
+    tar.write_bytes(bytes(data))
+    loader = make_loader(_twins(root), num_workers=2)
+    t0 = time.monotonic()
+    with pytest.raises(ShardCorruptError) as info:
+        for _ in loader:
+            pass
+    assert time.monotonic() - t0 < 120
+    assert "\n" not in str(info.value) and read_manifest(root).shards[0].name in str(info.value)
+
+
+def test_views_without_pools_get_none(graphs: Path) -> None:
+    """Only views that keep pools decoded get shared pools (graphs: per-batch blocks), and only
+    with 2 or more workers."""
+    assert make_loader(ShardStream(graphs, view="graphs", batch_size=32), num_workers=2).dataset.shared_pools is None
+    assert make_loader(_twins(graphs), num_workers=1).dataset.shared_pools is None
+    assert make_loader(_twins(graphs), num_workers=2).dataset.shared_pools is not None
