@@ -19,7 +19,8 @@ about 650 files; ``twins``, ``n ~ 960``, ``chunk = 8``, ``B = 4096``: about
 400 graphs). A process keeps the records of the pools its batches touch
 decoded (:mod:`loaders.views.store`), so it decodes each record once per epoch
 (twice at most where padding wraps to the epoch's start), holding at most
-``max_pools_per_batch`` pools of decoded records.
+``max_pools_per_batch`` pools of decoded records; DataLoader workers share
+theirs (:mod:`loaders.shared_pools`), so each record is decoded once in all.
 
 Everything here is a pure function of integers and arrays.
 """
