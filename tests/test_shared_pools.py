@@ -114,3 +114,13 @@ def test_views_without_pools_get_none(graphs: Path) -> None:
     assert make_loader(ShardStream(graphs, view="graphs", batch_size=32), num_workers=2).dataset.shared_pools is None
     assert make_loader(_twins(graphs), num_workers=1).dataset.shared_pools is None
     assert make_loader(_twins(graphs), num_workers=2).dataset.shared_pools is not None
+
+
+def test_spawned_workers_share_pools_too(graphs: Path) -> None:
+    """Workers started with ``spawn`` (not ``fork``) receive the shared memory and the lock through
+    the DataLoader's pickling: the same batches, each graph decoded once."""
+    want = _epochs(make_loader(_twins(graphs), num_workers=0), 1)
+    loader = make_loader(_twins(graphs), num_workers=2, multiprocessing_context="spawn")
+    got = _epochs(loader, 1)
+    assert all_batches_equal(want, got)
+    assert loader.dataset.shared_pools.decoded == GRAPHS and loader.dataset.shared_pools.private_batches == 0
