@@ -17,6 +17,7 @@ from cachebuild.errors import ConfigError
 __all__ = ["BACKENDS", "run_jobs"]
 
 BACKENDS = ("loky", "threading", "dask", "ray")
+PROBE_TIMEOUT_S = 120.0
 
 
 @contextlib.contextmanager
@@ -35,6 +36,32 @@ def _dask_client(address: str | None, workers: int) -> Iterator[Any]:
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster:
         with Client(cluster, set_as_default=False) as client:
             yield client
+
+
+def _run_pickled(blob: bytes) -> Any:
+    """Run a job that came as cloudpickle bytes: ``(fn, item, args)`` -> ``fn(item, *args)``."""
+    import pickle
+
+    fn, item, args = pickle.loads(blob)
+    return fn(item, *args)
+
+
+def _probe_dask_workers(client: Any, blob: bytes, address: str | None) -> None:
+    """Unpickle one job on one worker; a failure or no answer is one ConfigError."""
+    import pickle
+
+    where = f"the Dask cluster at {address}" if address else "the local Dask cluster"
+    future = client.submit(pickle.loads, blob, pure=False)
+    try:
+        future.result(timeout=PROBE_TIMEOUT_S)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"the workers of {where} cannot load the build's job: {type(exc).__name__}: {exc} (install cachebuild and your source's module on every worker, e.g. on their PYTHONPATH)"
+        ) from None
+    except TimeoutError:
+        raise ConfigError(f"no worker of {where} ran a probe task within {PROBE_TIMEOUT_S:.0f} s: does the cluster have workers?") from None
+    finally:
+        future.release()
 
 
 @contextlib.contextmanager
@@ -71,8 +98,12 @@ def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend:
         return
     jobs = (delayed(fn)(item, *args) for item in items)
     if backend == "dask":
+        import cloudpickle
+
+        blobs = (cloudpickle.dumps((fn, item, args)) for item in items)
         with _dask_client(address, n) as client, parallel_config(backend="dask", client=client):
-            yield from Parallel(n_jobs=-1, return_as="generator_unordered")(jobs)
+            _probe_dask_workers(client, cloudpickle.dumps((fn, items[0], args)), address)
+            yield from Parallel(n_jobs=-1, return_as="generator_unordered")(delayed(_run_pickled)(b) for b in blobs)
     elif backend == "ray":
         # Ray's joblib backend cannot stream results: they arrive when all are done.
         with _ray_session(address), parallel_config(backend="ray", n_jobs=n):

@@ -1,0 +1,112 @@
+"""Review of "beyond one machine" as a new user: a Dask cluster started elsewhere, without the user's module."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from cachebuild.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+USER_CODE = """
+import numpy as np
+from cachebuild import FunctionSource
+
+def seq(rng, index):
+    return {"x": rng.standard_normal(4).astype(np.float32), "i": np.int64(index)}
+
+def make():
+    return FunctionSource.per_record(seq, {"x": "float32", "i": "int64"})
+"""
+
+CLUSTER = """
+import os, sys, time
+from distributed import LocalCluster
+if __name__ == "__main__":
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as c:
+        open(sys.argv[1] + ".tmp", "w").write(c.scheduler_address)
+        os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+        time.sleep(600)
+"""
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture()
+def remote_cluster(tmp_path: Path) -> Iterator[str]:
+    """A Dask cluster started in another folder and process, without the user's folder on its path (as on real nodes)."""
+    pytest.importorskip("distributed")
+    home = tmp_path / "cluster"
+    home.mkdir()
+    (home / "cluster.py").write_text(CLUSTER)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "cluster.py", str(home / "addr")], cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            if (home / "addr").exists():
+                break
+            assert proc.poll() is None, "the Dask cluster did not start"
+            time.sleep(0.1)
+        else:
+            pytest.fail("the Dask cluster did not start within 60 s")
+        yield (home / "addr").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{cwd}"}
+    try:
+        return subprocess.run([sys.executable, "-m", "cachebuild.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`cachebuild {' '.join(args)}` hung")
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir()) if p.is_file() and not p.name.startswith(".")}
+
+
+@pytest.mark.timeout(300)
+def test_a_users_module_builds_on_a_dask_cluster_that_cannot_import_it(tmp_path: Path, remote_cluster: str) -> None:
+    """Dask pickled the job by reference: the scheduler dropped the task graph and the build waited forever."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "mysource_rv.py").write_text(USER_CODE)
+    (user / "recipe.toml").write_text('kind = "mysource_rv:make"\nrecords = 600\n[build]\nshard_mb = 0.01\n')
+    res = _cli(["build", "-c", "recipe.toml", "-o", str(tmp_path / "dask"), "-q", "--backend", "dask", "--scheduler", remote_cluster], user)
+    assert res.returncode == 0, res.stderr
+    res = _cli(["build", "-c", "recipe.toml", "-o", str(tmp_path / "loky"), "-q", "-j", "2"], user)
+    assert res.returncode == 0, res.stderr
+    assert _hashes(tmp_path / "dask") == _hashes(tmp_path / "loky")
+
+
+@pytest.mark.timeout(300)
+def test_workers_that_cannot_load_the_job_are_one_error_naming_the_module(tmp_path: Path, remote_cluster: str) -> None:
+    """A module pickled by name (an installed package missing on the workers) is named at once, not waited on."""
+    from distributed import Client
+
+    from cachebuild.builder.backends import _probe_dask_workers
+
+    (tmp_path / "installed_rv.py").write_text("def job(item):\n    return item\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import installed_rv
+
+        blob = pickle.dumps((installed_rv.job, 0, ()))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("installed_rv", None)
+    with Client(remote_cluster, set_as_default=False) as client:
+        with pytest.raises(ConfigError, match=r"cannot load the build's job: ModuleNotFoundError: No module named 'installed_rv'") as info:
+            _probe_dask_workers(client, blob, remote_cluster)
+    assert remote_cluster in str(info.value) and "\n" not in str(info.value)
