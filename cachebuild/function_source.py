@@ -119,12 +119,15 @@ class FunctionSource:
             return int(self.record_bytes)
         rng = block_rng(0, 0, 0)
         try:
-            if self.mode == "record":
-                return max(1, _raw_bytes(self.fn(rng, 0, **self.params)))
-            cols = self.fn(rng, 0, 1, **self.params)
-            return max(1, sum(int(getattr(v, "nbytes", 64 * len(v))) for v in cols.values()))
+            made = self.fn(rng, 0, **self.params) if self.mode == "record" else self.fn(rng, 0, 1, **self.params)
         except Exception as exc:
             raise SourceError(f"source {self.kind!r} shard 0 record 0 raised {type(exc).__name__}: {exc} (sizing a probe record, seed 0)") from exc
+        if not isinstance(made, Mapping):
+            what = "record" if self.mode == "record" else "block"
+            raise SourceError(f"source {self.kind!r} shard 0 record 0: the function returned a {type(made).__name__}, not a dict of fields (sizing a probe {what}, seed 0)")
+        if self.mode == "record":
+            return max(1, _raw_bytes(made))
+        return max(1, sum(int(getattr(v, "nbytes", 64 * len(v) if hasattr(v, "__len__") else 64)) for v in made.values()))
 
     def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
         for b, a in enumerate(range(start, stop, self.block_records)):
