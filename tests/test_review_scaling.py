@@ -32,7 +32,7 @@ CLUSTER = """
 import os, sys, time
 from distributed import LocalCluster
 if __name__ == "__main__":
-    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None) as c:
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0") as c:
         open(sys.argv[1] + ".tmp", "w").write(c.scheduler_address)
         os.replace(sys.argv[1] + ".tmp", sys.argv[1])
         time.sleep(600)
@@ -110,3 +110,28 @@ def test_workers_that_cannot_load_the_job_are_one_error_naming_the_module(tmp_pa
         with pytest.raises(ConfigError, match=r"cannot load the build's job: ModuleNotFoundError: No module named 'installed_rv'") as info:
             _probe_dask_workers(client, blob, remote_cluster)
     assert remote_cluster in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.timeout(240)
+def test_a_local_dask_build_beside_another_cluster_says_nothing_of_its_port(tmp_path: Path) -> None:
+    """Port 8787 held by another program (a notebook's cluster): the build warned, and the suite failed on it."""
+    import socket
+    import warnings
+
+    pytest.importorskip("distributed")
+    from conftest import build_toy
+
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", 8787))
+        holder.listen()
+    except OSError:
+        pass  # already held by someone else: the same situation
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            summary = build_toy(tmp_path / "d", workers=2, backend="dask")
+    finally:
+        holder.close()
+    assert summary.built == summary.shards
+    assert not [w for w in caught if "8787" in str(w.message)], [str(w.message) for w in caught]

@@ -2,7 +2,8 @@
 
 Dask: with an address, joblib's Dask backend connects to that scheduler; without
 one, a ``LocalCluster`` of ``workers`` single-threaded processes on 127.0.0.1 is
-started for the build and closed after it. Ray: ``ray.init(address)`` (or a
+started for the build and closed after it (its HTTP server on a free port: the
+default 8787 may be another cluster's, and Dask then warns). Ray: ``ray.init(address)`` (or a
 local Ray) and Ray's joblib backend.
 """
 
@@ -33,7 +34,7 @@ def _dask_client(address: str | None, workers: int) -> Iterator[Any]:
         finally:
             client.close()
         return
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0") as cluster:
         with Client(cluster, set_as_default=False) as client:
             yield client
 
