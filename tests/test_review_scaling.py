@@ -32,7 +32,7 @@ CLUSTER = """
 import os, sys, time
 from distributed import LocalCluster
 if __name__ == "__main__":
-    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0") as c:
+    with LocalCluster(n_workers=int(sys.argv[2]), threads_per_worker=1, host="127.0.0.1", dashboard_address=":0") as c:
         open(sys.argv[1] + ".tmp", "w").write(c.scheduler_address)
         os.replace(sys.argv[1] + ".tmp", sys.argv[1])
         time.sleep(600)
@@ -41,15 +41,15 @@ if __name__ == "__main__":
 pytestmark = pytest.mark.dist
 
 
-@pytest.fixture()
-def remote_cluster(tmp_path: Path) -> Iterator[str]:
-    """A Dask cluster started in another folder and process, without the user's folder on its path (as on real nodes)."""
+@pytest.fixture(params=[2])
+def remote_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A Dask cluster (``param`` workers) started in another folder and process, without the user's folder on its path (as on real nodes)."""
     pytest.importorskip("distributed")
     home = tmp_path / "cluster"
     home.mkdir()
     (home / "cluster.py").write_text(CLUSTER)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "cluster.py", str(home / "addr")], cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "cluster.py", str(home / "addr"), str(request.param)], cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
             if (home / "addr").exists():
@@ -135,3 +135,49 @@ def test_a_local_dask_build_beside_another_cluster_says_nothing_of_its_port(tmp_
         holder.close()
     assert summary.built == summary.shards
     assert not [w for w in caught if "8787" in str(w.message)], [str(w.message) for w in caught]
+
+
+def _pid_record(rng: object, index: int) -> dict:
+    import numpy as np
+
+    return {"pid": np.int64(os.getpid())}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("remote_cluster", [1], indirect=True)
+def test_a_one_worker_cluster_builds_on_the_cluster_not_in_the_caller(tmp_path: Path, remote_cluster: str) -> None:
+    """joblib's Dask backend ran every job in the calling process when the cluster had one worker thread."""
+    from cachebuild import FunctionSource, build
+    from cachebuild.format import open_cache, read_record
+
+    import cloudpickle
+    from distributed import Client
+
+    source = FunctionSource.per_record(_pid_record, {"pid": "int64"})
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as `cachebuild build` does for a user's module
+    try:
+        summary = build(source, tmp_path / "c", records=600, shard_mb=0.002, backend="dask", address=remote_cluster, progress=False)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert summary.shards > 1
+    with open_cache(tmp_path / "c") as shards:
+        pids = {int(read_record(shards, i)["pid"]) for i in range(0, 600, 50)}
+    with Client(remote_cluster, set_as_default=False) as client:
+        workers = set(client.run(os.getpid).values())
+    assert os.getpid() not in pids and pids == workers, (pids, workers)
+
+
+@pytest.mark.timeout(240)
+def test_a_failing_source_on_dask_is_its_one_line(tmp_path: Path) -> None:
+    """The source's own error, once, with no worker traceback logged on the way."""
+    pytest.importorskip("distributed")
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "mysource_rv.py").write_text(
+        USER_CODE
+        + "\ndef bad():\n    return FunctionSource.per_record(_boom, {'x': 'float32'})\n\ndef _boom(rng, index):\n    if index >= 300:\n        raise ValueError(f'no data for {index}')\n    return {'x': np.zeros(2, np.float32)}\n"
+    )
+    (user / "recipe.toml").write_text('kind = "mysource_rv:bad"\nrecords = 600\n[build]\nshard_mb = 0.001\n')
+    res = _cli(["build", "-c", "recipe.toml", "-o", str(tmp_path / "out"), "-q", "--backend", "dask", "-j", "2"], user)
+    assert res.returncode == 6, res.stderr
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "raised ValueError: no data for" in res.stderr, res.stderr
