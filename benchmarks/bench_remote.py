@@ -79,7 +79,7 @@ def main() -> None:
             import distributed
 
             results: dict[str, list[float]] = {}
-            with distributed.LocalCluster(n_workers=args.build_workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster:
+            with distributed.LocalCluster(n_workers=args.build_workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0") as cluster:
                 for _ in range(3):  # interleaved, best of three: the machine is shared
                     for key, backend, address in (("loky", "loky", None), ("dask", "dask", None), ("dask-running", "dask", cluster.scheduler_address)):
                         wall, shards = build(work / f"b-{key}", args.build_graphs, args.build_shard_mb, backend, args.build_workers, address)

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from cachebuild.builder import BuildOptions, BuildSummary, build_cache
 from cachebuild.builder.source import RecordSource
-from cachebuild.config_file import apply_overrides, load_toml
+from cachebuild.config_file import apply_overrides, load_toml, naming_recipe
 from cachebuild.errors import ConfigError
 from cachebuild.format.codec import parse_codec
 from cachebuild.format.packing import DEFAULT_PACK
@@ -47,17 +47,19 @@ def build_recipe(
     keep: int | None = None,
 ) -> tuple[BuildSummary, str]:
     """Build the cache a recipe describes; returns the summary and the kind's unit (``graphs``, ...)."""
-    kind, doc = read_recipe(recipe, overrides, {"seed": seed})
-    if records is not None:
-        doc[kind.count_key] = records
-    parsed = parse_recipe(doc, kind.count_key, kind.default_codec)
-    source, count = kind.make(parsed)
-    if append and count is not None:
-        raise ConfigError(f"recipe kind {kind.name!r} reads a fixed set of inputs ({count} records): an append needs a generator (fresh records from fresh seeds)")
-    total = count if count is not None else (parsed.count or kind.default_count)
-    if total is None:
-        raise ConfigError(f"recipe kind {kind.name!r} needs a record count: set '{kind.count_key} = N' in the recipe or pass --records N")
-    opts = recipe_options(parsed, out, total, workers, backend, address, overwrite, progress, append, keep)
+    path = None if isinstance(recipe, Mapping) else recipe
+    with naming_recipe(path, overrides):
+        kind, doc = read_recipe(recipe, overrides, {"seed": seed})
+        if records is not None:
+            doc[kind.count_key] = records
+        parsed = parse_recipe(doc, kind.count_key, kind.default_codec)
+        source, count = kind.make(parsed)
+        if append and count is not None:
+            raise ConfigError(f"recipe kind {kind.name!r} reads a fixed set of inputs ({count} records): an append needs a generator (fresh records from fresh seeds)")
+        total = count if count is not None else (parsed.count or kind.default_count)
+        if total is None:
+            raise ConfigError(f"recipe kind {kind.name!r} needs a record count: set '{kind.count_key} = N' in the recipe or pass --records N")
+        opts = recipe_options(parsed, out, total, workers, backend, address, overwrite, progress, append, keep)
     return build_cache(source, opts, unit=kind.unit), kind.unit
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from cachebuild.errors import ConfigError
 
@@ -15,7 +16,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["load_toml", "apply_overrides", "set_key"]
+__all__ = ["load_toml", "apply_overrides", "set_key", "naming_recipe"]
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -70,3 +71,21 @@ def apply_overrides(doc: Mapping[str, Any], overrides: Iterable[str] = (), value
         if value is not None:
             set_key(out, key, value)
     return out
+
+
+@contextlib.contextmanager
+def naming_recipe(path: str | Path | None, overrides: Iterable[str] = ()) -> Iterator[None]:
+    """Prefix a ConfigError raised while a recipe file is read and checked with the file's name.
+
+    The messages name the key and the value; with several recipes and ``--set``
+    flags in play the user also needs to know which file (and which overrides)
+    it came from: ``error: mine.toml with --set records=-5: config key 'records' ...``.
+    """
+    try:
+        yield
+    except ConfigError as exc:
+        msg = str(exc)
+        if path is None or msg.startswith(f"{path}") or f"config file {path}" in msg:
+            raise
+        sets = ", ".join(f"--set {o}" for o in overrides)
+        raise ConfigError(f"{path}{' with ' + sets if sets else ''}: {msg}") from exc

@@ -83,7 +83,10 @@ def _column_bytes(column: Any, dtype: str) -> int:
     200 KB records was taken for 64 bytes, so shards and members grew thousands of times past their bounds)."""
     if dtype != JSON_DTYPE and getattr(column, "nbytes", None) is not None:
         return int(column.nbytes)
-    return sum(_value_bytes(v, dtype) for v in column)
+    try:
+        return sum(_value_bytes(v, dtype) for v in column)
+    except TypeError:  # not a list either: the block's check names it when the build makes it
+        return 64
 
 
 @dataclass(frozen=True)
@@ -145,12 +148,15 @@ class FunctionSource:
         rng = block_rng(0, 0, 0)
         dtypes = dict(self.schema)
         try:
-            if self.mode == "record":
-                return max(1, _raw_bytes(self.fn(rng, 0, **self.params), dtypes))
-            cols = self.fn(rng, 0, 1, **self.params)
-            return max(1, sum(_column_bytes(v, dtypes.get(k, "")) for k, v in cols.items()))
+            made = self.fn(rng, 0, **self.params) if self.mode == "record" else self.fn(rng, 0, 1, **self.params)
         except Exception as exc:
             raise SourceError(f"source {self.kind!r} shard 0 record 0 raised {type(exc).__name__}: {exc} (sizing a probe record, seed 0)") from exc
+        if not isinstance(made, Mapping):
+            what = "record" if self.mode == "record" else "block"
+            raise SourceError(f"source {self.kind!r} shard 0 record 0: the function returned a {type(made).__name__}, not a dict of fields (sizing a probe {what}, seed 0)")
+        if self.mode == "record":
+            return max(1, _raw_bytes(made, dtypes))
+        return max(1, sum(_column_bytes(v, dtypes.get(k, "")) for k, v in made.items()))
 
     def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
         for b, a in enumerate(range(start, stop, self.block_records)):

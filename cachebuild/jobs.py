@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from cachebuild.builder import BuildOptions, BuildSummary, build_cache
+from cachebuild.config_file import naming_recipe
 from cachebuild.errors import ConfigError
 from cachebuild.builder.mel_source import mel_source_from
 from cachebuild.recipes import Recipe, load_recipe
@@ -66,10 +67,11 @@ def run_causal_build(
     """Parse the recipe, validate it, and build the causal-graph cache at ``out`` (``append``: add a generation to it)."""
     from cachebuild.sources import KINDS
 
-    recipe = load_recipe(config_path, overrides, values, count_key="graphs")
-    _check_kind(recipe, "causal", config_path, "generate")
-    source, _ = KINDS["causal"].make(recipe)  # the same maker as `cachebuild build` with kind = "causal"
-    opts = recipe_options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress, append, keep)
+    with naming_recipe(config_path, overrides):
+        recipe = load_recipe(config_path, overrides, values, count_key="graphs")
+        _check_kind(recipe, "causal", config_path, "generate")
+        source, _ = KINDS["causal"].make(recipe)  # the same maker as `cachebuild build` with kind = "causal"
+        opts = recipe_options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress, append, keep)
     return build_cache(source, opts, unit="graphs")
 
 
@@ -89,8 +91,9 @@ def run_mel_build(
     progress: bool = True,
 ) -> BuildSummary:
     """Build a mel cache (one record per audio file) from exactly one source."""
-    recipe = load_recipe(config_path, overrides, values, count_key="files", default_codec=MEL_DEFAULT_CODEC)
-    _check_kind(recipe, "mel", config_path, "mel")
-    source = mel_source_from(recipe, from_h5, from_wav, synthetic, h5_datasets)
-    opts = recipe_options(recipe, out, len(source.source), workers, backend, address, overwrite, progress)
+    with naming_recipe(config_path, overrides):
+        recipe = load_recipe(config_path, overrides, values, count_key="files", default_codec=MEL_DEFAULT_CODEC)
+        _check_kind(recipe, "mel", config_path, "mel")
+        source = mel_source_from(recipe, from_h5, from_wav, synthetic, h5_datasets)
+        opts = recipe_options(recipe, out, len(source.source), workers, backend, address, overwrite, progress)
     return build_cache(source, opts, unit="files")

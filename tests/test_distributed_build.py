@@ -34,7 +34,7 @@ def test_dask_local_cluster_builds_same_bytes(tmp_path, toy_cache):
 @pytest.mark.timeout(240)
 def test_dask_external_scheduler_address(tmp_path, toy_cache):
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0") as cluster:
         summary = build_toy(tmp_path / "d", workers=2, backend="dask", address=cluster.scheduler_address)
     assert summary.built == summary.shards
     assert _hashes(tmp_path / "d") == _hashes(toy_cache)

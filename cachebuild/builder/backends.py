@@ -1,14 +1,26 @@
 """Run shard jobs on a joblib backend: loky (local processes), threading, Dask or Ray.
 
-Dask: with an address, joblib's Dask backend connects to that scheduler; without
-one, a ``LocalCluster`` of ``workers`` single-threaded processes on 127.0.0.1 is
-started for the build and closed after it. Ray: ``ray.init(address)`` (or a
+Dask: with an address, the build connects to that scheduler; without one, a
+``LocalCluster`` of ``workers`` single-threaded processes on 127.0.0.1 is started for
+the build and closed after it (its HTTP server on a free port: the default 8787 may be
+another cluster's, and Dask then warns). The shards are submitted to the cluster
+directly, not through joblib's Dask backend, which runs every job in the calling
+process when the cluster has a single worker thread. Each job travels as cloudpickle
+bytes: Dask pickles a task with the standard pickle first, which names a user's module
+instead of shipping it by value (as loky does, see ``cachebuild.sources``), and a
+scheduler that cannot import that module drops the task graph with a log line while
+the build waits forever. Before the shards are sent, one probe task loads a job on a
+worker, so a cluster that cannot load it (no cachebuild there, an installed module
+missing) is one error naming the module, and a cluster that runs nothing is an error
+after ``PROBE_TIMEOUT_S``.
+Ray: ``ray.init(address)`` (or a
 local Ray) and Ray's joblib backend.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any, Callable, Iterator, Sequence
 
@@ -17,6 +29,7 @@ from cachebuild.errors import ConfigError
 __all__ = ["BACKENDS", "run_jobs"]
 
 BACKENDS = ("loky", "threading", "dask", "ray")
+PROBE_TIMEOUT_S = 120.0
 
 
 @contextlib.contextmanager
@@ -32,9 +45,68 @@ def _dask_client(address: str | None, workers: int) -> Iterator[Any]:
         finally:
             client.close()
         return
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0", silence_logs=logging.ERROR) as cluster:
         with Client(cluster, set_as_default=False) as client:
             yield client
+
+
+class _JobError:
+    """An exception a job raised, returned as its value: a failed Dask task logs its traceback on the worker."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _run_pickled(blob: bytes) -> Any:
+    """Run a job that came as cloudpickle bytes: ``(fn, item, args)`` -> ``fn(item, *args)``."""
+    import pickle
+
+    fn, item, args = pickle.loads(blob)
+    try:
+        return fn(item, *args)
+    except Exception as exc:
+        return _JobError(exc)
+
+
+def _load_pickled(blob: bytes) -> None:
+    """Load a job without running it (the probe)."""
+    import pickle
+
+    pickle.loads(blob)
+
+
+def _probe_dask_workers(client: Any, blob: bytes, address: str | None) -> None:
+    """Load one job on one worker; a failure or no answer is one ConfigError."""
+    where = f"the Dask cluster at {address}" if address else "the local Dask cluster"
+    future = client.submit(_load_pickled, blob, pure=False)
+    try:
+        future.result(timeout=PROBE_TIMEOUT_S)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"the workers of {where} cannot load the build's job: {type(exc).__name__}: {exc} (install cachebuild and your source's module on every worker, e.g. on their PYTHONPATH)"
+        ) from None
+    except TimeoutError:
+        raise ConfigError(f"no worker of {where} ran a probe task within {PROBE_TIMEOUT_S:.0f} s: does the cluster have workers, and cachebuild installed on its scheduler and workers?") from None
+    finally:
+        future.release()
+
+
+def _dask_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, address: str | None, workers: int) -> Iterator[Any]:
+    """``fn(item, *args)`` for every item as one Dask task each, yielded as they finish."""
+    import cloudpickle
+    from distributed import as_completed
+
+    with _dask_client(address, workers) as client:
+        _probe_dask_workers(client, cloudpickle.dumps((fn, items[0], args)), address)
+        futures = [client.submit(_run_pickled, cloudpickle.dumps((fn, item, args)), pure=False) for item in items]
+        try:
+            for future in as_completed(futures, loop=client.loop):
+                result = future.result()
+                if isinstance(result, _JobError):
+                    raise result.exc
+                yield result
+        finally:
+            client.cancel(futures)
 
 
 @contextlib.contextmanager
@@ -71,8 +143,7 @@ def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend:
         return
     jobs = (delayed(fn)(item, *args) for item in items)
     if backend == "dask":
-        with _dask_client(address, n) as client, parallel_config(backend="dask", client=client):
-            yield from Parallel(n_jobs=-1, return_as="generator_unordered")(jobs)
+        yield from _dask_jobs(fn, items, args, address, n)
     elif backend == "ray":
         # Ray's joblib backend cannot stream results: they arrive when all are done.
         with _ray_session(address), parallel_config(backend="ray", n_jobs=n):
