@@ -163,3 +163,38 @@ def test_their_h5_made_with_center_is_not_recomputed_without_it(tmp_path: Path) 
     _their_newest_h5(path, center=True)
     with pytest.raises(SourceError, match="center"):
         H5Source(path, MelConfig(), datasets={"mel": None})
+
+
+def _their_file_decisions(p_seg: np.ndarray, threshold: float) -> np.ndarray:
+    """Their ``evaluate_file_level`` (fixed threshold): mean per long window, ``p >= threshold``,
+    a leak when at least ``ceiling_half(num_long) = (L + 1) // 2`` long windows vote leak."""
+    out = []
+    for probs_short in p_seg:  # [L, S] of one file
+        probs_long = probs_short.mean(axis=1).tolist()
+        above = sum(1 for p in probs_long if p >= threshold)
+        out.append(above >= (len(probs_long) + 1) // 2)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.25, 0.75])
+def test_file_decisions_equal_their_evaluate_file_level_with_ties(threshold: float) -> None:
+    """Ties included: windows at exactly the threshold and files with exactly half their windows."""
+    import torch
+
+    from cachebuild.mel.voting import file_votes
+
+    rng = np.random.default_rng(int(threshold * 100))
+    Fv, Lv, t, d = 400, 40, np.float32(threshold), np.float32(0.125)  # exact in float32: ties stay ties
+    above = np.array([[t, t], [t + d, t - d], [t + d, t + d]], np.float32)  # mean >= threshold
+    below = np.array([[t - d, t - d], [t, t - 2 * d]], np.float32)  # mean < threshold
+    n_above = rng.integers(0, Lv + 1, Fv)
+    n_above[:60] = Lv // 2  # exactly half the long windows vote: a leak in theirs
+    is_above = np.arange(Lv)[None, :] < n_above[:, None]
+    p = np.where(is_above[..., None], above[rng.integers(0, 3, (Fv, Lv))], below[rng.integers(0, 2, (Fv, Lv))])
+    half = n_above == Lv // 2
+    want = _their_file_decisions(p, threshold)
+    _, got = file_votes(torch.from_numpy(p), from_logits=False, threshold=threshold)
+    assert want[half].all() and 0.1 < want.mean() < 0.95
+    np.testing.assert_array_equal(got.numpy(), want)
+    zero = np.zeros((3, Lv, 2), np.float32)  # an untrained model: logit 0, sigmoid 0.5, votes leak in theirs
+    assert file_votes(torch.from_numpy(zero), threshold=0.5)[1].all()
