@@ -53,7 +53,8 @@ def test_curriculum_example_builds_levels_and_trains_through_the_schedule(tmp_pa
 
     from cachebuild.format import read_manifest
 
-    for level, (n, p_max, scale_hi) in enumerate([(20, 0.25, 1.0), (35, 0.30, 3.0), (50, 0.35, 5.0)]):
+    # their training CausalDataset draws the scale from (1.0, 50.0) at every level (main.py)
+    for level, (n, p_max, scale_hi) in enumerate([(20, 0.25, 50.0), (35, 0.30, 50.0), (50, 0.35, 50.0)]):
         m = read_manifest(tmp_path / "levels" / f"level{level}")
         assert m.schema("adj").max_shape[0] <= n and m.records == 24
         assert m.config["graph"]["n_max"] == n and m.config["graph"]["n_min"] == n - 1

@@ -175,9 +175,9 @@ def _reference_votes(logits: np.ndarray, mask: np.ndarray, threshold: float, vot
                 continue
             p = [_sigmoid(float(v)) for v in logits[f, l]]
             if rule == "mean":
-                vote = sum(p) / len(p) > threshold
+                vote = sum(p) / len(p) >= threshold
             else:
-                vote = sum(q > threshold for q in p) > len(p) / 2
+                vote = sum(q >= threshold for q in p) > len(p) / 2
             votes += vote
             windows += 1
         frac = votes / windows if windows else float("nan")

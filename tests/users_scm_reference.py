@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["TYPES", "RefGraph", "edge_term", "generate", "generate_graph"]
+__all__ = ["TYPES", "RefGraph", "edge_term", "generate", "generate_graph", "world"]
 
 TYPES = (
     "linear", "negative linear", "sin", "cos", "tan", "log", "exp", "sqrt",
@@ -70,7 +70,8 @@ def edge_term(version: str, kind: str, x: np.ndarray) -> np.ndarray:
             "sawtooth": lambda: 2.0 * (x - np.floor(x)) - 1.0,
             "rational": lambda: 2.0 * x / (1.0 + np.abs(x)),
         }  # fmt: skip
-        return table[kind]() if kind in table else x  # log, exp, sqrt: no branch, fall back to x
+        with np.errstate(over="ignore"):  # their expit saturates silently
+            return table[kind]() if kind in table else x  # log, exp, sqrt: no branch, fall back to x
     safe = np.clip(x, -5.0, 5.0)
     table = {
         "linear": lambda: 2.0 * x, "negative linear": lambda: -2.0 * x,
@@ -98,8 +99,13 @@ def _noise(rng: np.random.Generator, kind: str, size: tuple[int, int]) -> np.nda
     return rng.uniform(low=-1.73, high=1.73, size=size)
 
 
-def _world(version, rng, order, parents, types, noise, inter, intervention=None) -> np.ndarray:
-    """generate_data(): every node in topological order, the intervened one set to its value."""
+def world(version, rng, order, parents, types, noise, inter, intervention=None) -> np.ndarray:
+    """generate_data(): every node in topological order, the intervened one set to its value.
+
+    ``parents[v]``: v's parents in their insertion (causal) order; ``types[(p, v)]``: their edge
+    type; ``inter``: interaction flag per node, or None to draw it per world from ``rng``, as
+    their code does; ``intervention``: ``(node, value)`` or None for the base world.
+    """
     clip = 100.0 if version == "2026-01-06" else 20.0
     data = noise.copy()
     for node in order:
@@ -140,7 +146,7 @@ def generate_graph(
     noise_type = str(rng.choice(NOISE_TYPES)) if version == "2026-01-15" else "normal"
     noise = _noise(rng, noise_type, (samples, n))
     inter = {v: len(parents[v]) > 1 and rng.random() < 0.3 for v in range(n)} if twin_fix else None
-    base = _world(version, rng, order, parents, types, noise, inter)
+    base = world(version, rng, order, parents, types, noise, inter)
     targets = rng.choice(n, size=max(1, int(n * intervention_prob)), replace=False)
     stds = pd.DataFrame(base).std()  # pandas: ddof 1
     coeffs = [-2.0, -1.0, 1.0, 2.0] if version == "2026-01-06" else [-2.0, 2.0]
@@ -151,7 +157,7 @@ def generate_graph(
             sigma = 1.0
         for c in coeffs:
             val = c * sigma * scale
-            worlds.append(_world(version, rng, order, parents, types, noise, inter, (int(t), val)))
+            worlds.append(world(version, rng, order, parents, types, noise, inter, (int(t), val)))
             values.append(val)
             tlist.append(int(t))
     raw_int = np.stack(worlds)

@@ -8,11 +8,13 @@ The voting rule (two levels, both configurable):
 2. **Long window** votes leak:
 
    * ``rule="mean"`` (default): the mean of its short windows' ``p`` is
-     ``> threshold``. Why the default: with the users' 2 short windows per long
+     ``>= threshold``, the users' ``evaluate_file_level`` (``probs_long =
+     probs_short.mean(axis=1)``, a window votes when ``p >= threshold``; a tie, such
+     as an untrained model's ``sigmoid(0) = 0.5`` at the default 0.5, votes leak). Why the default: with the users' 2 short windows per long
      window a majority is either "both" or a tie, while the mean keeps each
      window's confidence (one window at 0.9 and one at 0.3 vote leak).
    * ``rule="majority"``: strictly more than half of its short windows have
-     ``p > threshold`` (with 2 short windows: both).
+     ``p >= threshold`` (with 2 short windows: both).
 3. **File** is a leak when at least ``vote_fraction`` (default 0.5) of its
    long windows vote leak: ``votes / windows >= vote_fraction`` (a ratio in
    float64; windows a file lacks, ``long_mask`` false, do not count).
@@ -94,9 +96,9 @@ def leak_probability(scores: torch.Tensor, from_logits: bool = True, leak_class:
 def long_window_votes(p: torch.Tensor, threshold: float = 0.5, rule: str = "mean") -> torch.Tensor:
     """``p [..., L, S]`` -> bool ``[..., L]``: does each long window vote leak (module rule 2)."""
     if rule == "mean":
-        return p.double().mean(dim=-1) > threshold
+        return p.double().mean(dim=-1) >= threshold
     if rule == "majority":
-        return 2 * (p > threshold).sum(dim=-1) > p.shape[-1]
+        return 2 * (p >= threshold).sum(dim=-1) > p.shape[-1]
     raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
 
 
@@ -191,7 +193,7 @@ class VoteAccumulator:
             keep = ~_tensor(is_pad)[0].to(self.device, torch.bool)
             p, cell = p[keep], cell[keep]
         self.p_sum.index_add_(0, cell, p.double())
-        self.positive.index_add_(0, cell, (p > self.threshold).long())
+        self.positive.index_add_(0, cell, (p >= self.threshold).long())
         self.count.index_add_(0, cell, torch.ones_like(cell))
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -202,7 +204,7 @@ class VoteAccumulator:
         """
         seen = self.count > 0
         if self.rule == "mean":
-            votes = self.p_sum / self.count.clamp(min=1).double() > self.threshold
+            votes = self.p_sum / self.count.clamp(min=1).double() >= self.threshold
         else:
             votes = 2 * self.positive > self.count
         votes = (votes & seen).view(self.num_files, self.num_long).sum(dim=1)

@@ -6,13 +6,20 @@ Their trainer (``MultiModelDeltaPredictor``, ``main.py`` with
 ``src/training/curriculum.py``) rebuilds its dataset every epoch from the
 current level: ``max_vars = 20 + 30 * progress`` nodes (``num_nodes_range =
 (max_vars - 1, max_vars)``), edge probability ``density_max = 0.25 + 0.10 *
-progress``, and computes an intervention range ``2 + 8 * progress`` that grows
-with it (``progress = level / (levels - 1)``). Here each level is a cache
-built once from the users' recipe (``configs/causal-users-2026-01-15.toml``)
-with those values as overrides; the intervention range becomes the recipe's
-per-graph intervention scale range ``[1, range / 2]`` (1 at the first level,
-as their dataset's default). ``train.py`` then reads the levels through a
-schedule.
+progress`` (``progress = level / (levels - 1)``), and an intervention scale
+drawn per graph from ``intervention_scale_range=(1.0, 50.0)`` at every level
+(``main.py``'s training ``CausalDataset``; the level's ``intervention_range``
+``2 + 8 * progress`` only sets the fixed scale of their validation graphs).
+Here each level is a cache built once from the users' recipe
+(``configs/causal-users-2026-01-15.toml``) with those values as overrides.
+``train.py`` then reads the levels through a schedule.
+
+Their ``CausalDataset`` also passes its own ``edge_prob`` (default 0.3, which
+``main.py`` does not set) to the generator, so their training graphs have edge
+probability 0.3 whatever the level's density; the levels here follow the
+curriculum's stated density instead (docs/mixtures.md, "The curriculum
+example"); set ``"graph.edge_prob": 0.3`` in :func:`level_params` to build what
+their code computes.
 """
 
 from __future__ import annotations
@@ -23,18 +30,19 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "configs" / "causal-users-2026-01-15.toml"
+TRAINING_SCALE_RANGE = (1.0, 50.0)
+"""Their training ``CausalDataset(intervention_scale_range=(1.0, 50.0))``, the same at every level."""
 
 
 def level_params(level: int, levels: int, min_vars: int = 20, max_vars: int = 50) -> dict[str, Any]:
     """The users' curriculum values of ``level`` (of ``levels``), as recipe overrides."""
     progress = level / max(1, levels - 1)
     n = int(min_vars + (max_vars - min_vars) * progress)
-    scale = (2.0 + 8.0 * progress) / 2.0
     return {
         "graph.n_min": n - 1,
         "graph.n_max": n,
         "graph.edge_prob": round(0.25 + 0.10 * progress, 4),
-        "interventions.value_scale": [1.0, max(1.0, scale)],
+        "interventions.value_scale": list(TRAINING_SCALE_RANGE),
     }
 
 

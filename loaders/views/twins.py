@@ -18,7 +18,9 @@ Row ``i`` of a batch is graph ``g``, intervention ``k``, row ``j``. Shapes use
 world (from the manifest, so they never change), ``G`` the most graphs one
 batch can span.
 
-Default keys (a drop-in for a trainer that consumed per-row dicts):
+Default keys (a drop-in for a trainer that consumed per-row dicts, as the users' 2026-01-06
+``CausalDataset`` yielded them; their 2026-01-15 collate gives ``base_samples`` and
+``int_samples`` as the row itself, ``[B, N]``: take ``target_row`` and ``int_row`` for those):
 
 =================  ===================  ==================================================
 key                shape, dtype         meaning
