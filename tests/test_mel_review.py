@@ -131,3 +131,17 @@ def test_h5_malformed_label_mapping_is_one_line(tmp_path):
     _users_h5(tmp_path / "leaks.h5", {"label2id_json": {"LEAK": [0], "NOLEAK": None}})
     with pytest.raises(SourceError, match=r"leaks.h5: attribute label2id_json must map label names to integer ids"):
         H5Source(tmp_path / "leaks.h5", MelConfig())
+
+
+def test_an_empty_recording_is_a_bad_file_even_when_padding(wav_folder):
+    """A 0-frame WAV used to become a record of pure zero padding (silence labelled LEAK) with short_clip = "pad"."""
+    (wav_folder / "NOLEAK" / "corrupt.wav").unlink()  # only the warning under test
+    sf.write(wav_folder / "LEAK" / "empty.wav", np.zeros((0, 1)), SR, subtype="PCM_16")
+    sf.write(wav_folder / "LEAK" / "one_frame_48k.wav", np.full((1, 1), 0.5), 48000, subtype="PCM_16")  # 0 samples at 4096 Hz
+    with pytest.warns(BadFileWarning, match=r"no audio samples") as record:
+        src = WavFolderSource(wav_folder, MelConfig(short_clip="pad", resample="resample"))
+    messages = " ".join(str(w.message) for w in record)
+    assert "empty.wav: no audio samples (0 frames at 4096 Hz)" in messages and "one_frame_48k.wav: no audio samples (1 frames at 48000 Hz)" in messages
+    assert [s["path"] for s in src.describe()["skipped"]] == ["LEAK/empty.wav", "LEAK/one_frame_48k.wav"]
+    with pytest.raises(SourceError, match=r"empty.wav: no audio samples"):
+        WavFolderSource(wav_folder, MelConfig(short_clip="pad", resample="resample", on_bad_file="error"))
