@@ -54,7 +54,8 @@ class StreamDataModule(pl.LightningDataModule):
     Checkpoint contents (``state_dict``): the training loader's state (see
     :mod:`loaders.state`) and whether Lightning had finished that epoch, so a
     checkpoint taken at an epoch's end (even one cut short by
-    ``limit_train_batches``) resumes with the next epoch from its start.
+    ``limit_train_batches``, and a step checkpoint on that epoch's last batch)
+    resumes with the next epoch from its start, as Lightning's own counters do.
     """
 
     def __init__(self, train: Callable[[], ShardStream], **loader_kwargs: Any):
@@ -62,10 +63,12 @@ class StreamDataModule(pl.LightningDataModule):
         self._make_train, self.loader_kwargs = train, loader_kwargs
         self.train_loader: StreamLoader | None = None
         self._pending: dict[str, Any] | None = None
+        self._done_state: dict[str, Any] | None = None  # a loaded state whose epoch Lightning had finished
 
     def train_dataloader(self) -> StreamLoader:
         if self.train_loader is None:
             self.train_loader = make_loader(self._make_train(), **self.loader_kwargs)
+            self._guard(self.train_loader)
         if self._pending is not None:
             self._apply(self.train_loader, self._pending)
             self._pending = None
@@ -75,21 +78,51 @@ class StreamDataModule(pl.LightningDataModule):
         """The training loader's position, and whether Lightning finished its epoch."""
         if self.train_loader is None:
             return dict(self._pending or {})
-        trainer = getattr(self, "trainer", None)
-        progress = trainer.fit_loop.epoch_progress.current if trainer is not None else None
-        done = progress is not None and progress.started > 0 and progress.processed == progress.started
-        return {"loader": self.train_loader.state_dict(), "epoch_done": bool(done)}
+        return {"loader": self.train_loader.state_dict(), "epoch_done": _epoch_done(getattr(self, "trainer", None))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep ``state`` for the training loader (applied when Lightning asks for it, before iterating)."""
         self._pending = dict(state) if state else None
+        self._done_state = None
         if self._pending is not None and self.train_loader is not None:
             self._apply(self.train_loader, self._pending)
             self._pending = None
 
-    @staticmethod
-    def _apply(loader: StreamLoader, state: dict[str, Any]) -> None:
+    def _apply(self, loader: StreamLoader, state: dict[str, Any]) -> None:
         saved = state["loader"]
         loader.load_state_dict(saved)
         if state.get("epoch_done"):
             loader.set_epoch(int(saved["epoch"]) + 1)
+            self._done_state = dict(saved)
+
+    def _guard(self, loader: StreamLoader) -> None:
+        """Lightning, restarting on an epoch's last batch, loads the loader's saved state itself after
+        :meth:`_apply` (its own copy, taken with ours) and would undo the move to the next epoch:
+        a load of that very state is followed by the same ``set_epoch``."""
+        load = loader.load_state_dict
+
+        def load_state_dict(state: Any) -> None:
+            load(state)
+            done = self._done_state
+            if done is not None and dict(state) == done:
+                loader.set_epoch(int(done["epoch"]) + 1)
+
+        loader.load_state_dict = load_state_dict  # type: ignore[method-assign]
+
+
+def _epoch_done(trainer: Any) -> bool:
+    """Will Lightning, resuming from a checkpoint taken now, start the next epoch?
+
+    Yes once it has processed the epoch, and also on the epoch's last batch
+    (``batch_progress.is_last_batch``: e.g. a step checkpoint on the last of
+    ``limit_train_batches``), which Lightning's restart counts as the epoch's
+    end; the loader, stopped short of its own end there, must then move on too
+    rather than serve the cut epoch's remaining batches as the next epoch.
+    """
+    if trainer is None:
+        return False
+    loop = trainer.fit_loop
+    progress = loop.epoch_progress.current
+    if progress.started > 0 and progress.processed == progress.started:
+        return True
+    return bool(progress.started > 0 and loop.epoch_loop.batch_progress.is_last_batch)

@@ -39,7 +39,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Literal
 
 import numpy as np
 
-from loaders.monitor_out import plot_steps, summary_metrics, summary_table
+from loaders.monitor_out import across_ranks, plot_steps, summary_metrics, summary_table
 from loaders.monitor_summary import (
     DataBoundWarning,
     EpochCounters,
@@ -259,6 +259,15 @@ class StallMonitor:
             ram_used_gb=max(s.ram) if s and s.ram else None,
             data_bound=steps >= _MIN_STEPS_TO_WARN and frac > self.data_bound_threshold,
         )
+
+    def summary_across_ranks(self, group: Any = None) -> dict[str, float]:
+        """Under DDP, the running (or last) epoch's wait fraction of every rank: max, mean, the slowest rank.
+
+        A collective (every rank calls it). Read the max: a rank whose loader keeps
+        up waits for a data-bound peer inside the step, so its own wait reads ~0.
+        See :func:`loaders.monitor_out.across_ranks`.
+        """
+        return across_ranks(self.summary(), group)
 
     def gpu_idle_gaps(self) -> dict[str, float]:
         """The GPU's idle gaps between steps of the running (or last) epoch: p50, p99, max, and the time in

@@ -9,6 +9,10 @@
   ``torch.utils.tensorboard.SummaryWriter`` (needs ``pip install tensorboard``).
 * :func:`summary_table` (``StallMonitor.table()``, logged at each epoch's end
   with ``epoch_table=True``): one row per epoch.
+* :func:`across_ranks` (``StallMonitor.summary_across_ranks()``): under DDP,
+  every rank's wait fraction in one dict. Needed because a rank whose own
+  loader keeps up waits for a data-bound peer inside the step's collective
+  (step time, not wait), so rank 0 alone can read 0 % while the job is data-bound.
 * :func:`plot_steps` (``StallMonitor.plot(path)``, ``cachebuild bench --plot``):
   wait per step and throughput over steps, every epoch one after the other,
   as a PNG (needs ``pip install matplotlib``; drawn off-screen, no display).
@@ -24,7 +28,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from loaders.monitor_summary import StallSummary
 
-__all__ = ["METRIC_KEYS", "summary_metrics", "tensorboard_hook", "summary_table", "plot_steps"]
+__all__ = ["METRIC_KEYS", "summary_metrics", "across_ranks", "tensorboard_hook", "summary_table", "plot_steps"]
 
 METRIC_KEYS = (
     "data/wait_fraction",
@@ -149,3 +153,34 @@ def plot_steps(traces: Sequence[tuple[np.ndarray, np.ndarray]], path: str | Path
     fig.savefig(path, format="png", dpi=100)
     plt.close(fig)
     return path
+
+
+def across_ranks(sm: "StallSummary", group: Any = None) -> dict[str, float]:
+    """Every rank's wait fraction and batches/s, gathered: a collective, every rank of ``group`` calls it.
+
+    Returns ``ranks``, ``wait_fraction_max`` (the number to read: the job is as
+    data-bound as its worst rank), ``wait_fraction_mean``, ``slowest_rank`` (the
+    rank of that max) and ``batches_per_s_min``. Without an initialised
+    ``torch.distributed``: this process's numbers, ``ranks`` 1.
+    """
+    import torch
+    import torch.distributed as dist
+
+    mine = [float(sm.wait_fraction), float(sm.batches_per_s)]
+    if not (dist.is_available() and dist.is_initialized()):
+        rows = torch.tensor([mine], dtype=torch.float64)
+    else:
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        rows = torch.zeros(world, 2, dtype=torch.float64, device=device)
+        rows[rank] = torch.tensor(mine, dtype=torch.float64)
+        dist.all_reduce(rows, group=group)  # each rank filled only its own row: the sum is the gather
+        rows = rows.cpu()
+    waits = rows[:, 0]
+    return {
+        "ranks": float(len(rows)),
+        "wait_fraction_max": float(waits.max()),
+        "wait_fraction_mean": float(waits.mean()),
+        "slowest_rank": float(int(waits.argmax())),
+        "batches_per_s_min": float(rows[:, 1].min()),
+    }

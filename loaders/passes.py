@@ -13,7 +13,9 @@ The rule, the same wherever the stream is iterated:
   epoch again: then that epoch's remaining batches, none).
 
 A pass left unfinished (a ``break``) still counts: the next ``iter()`` starts
-the next epoch.
+the next epoch. A pass of the stream iterated directly (no workers) begins at
+its first ``next()``: an iterator made and dropped unread is no pass (torchdata,
+restoring a state saved at an epoch's end, makes one and drops it).
 
 The first pass of a new stream runs epoch 0.
 

@@ -294,7 +294,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[Any]:
         wid, nw = worker_part()
         in_worker = get_worker_info() is not None
-        count, skip = False, 0
+        skip = 0
         if self._emit_packed:  # a loader called begin_pass() in the main process
             handed = self._control.handed_pass()
             if handed is None:
@@ -311,20 +311,25 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             epoch, start = self._control.worker_pass(wid, self._finished(ws), load[:2] if load else None)
             skip = load[2] if load else 0
             self._worker_pass = [epoch, start, wid, nw, rank, ws, skip]
-        else:  # iterated directly: this object counts what it hands out
-            world = self.world()
-            rank, ws = world.rank, world.world_size
-            start, count = self._progress.begin(ws, self._finished(ws)), True
-            if start == 0:
-                refresh_generations(self)
-            epoch = self._progress.epoch
+        else:  # iterated directly: this object counts what it hands out, from the first next() on
+            return self._direct_pass()
         world = World(rank, ws, wid, nw)
         plan = self.plan(epoch)
         ids = plan.rank_batches(world.world_size, world.rank, start)[world.worker :: world.num_workers][skip:]
         if in_worker:
             tune_malloc()  # a DataLoader worker: a process the loader owns
         rings = self.slot_rings if in_worker and self._emit_packed else None
-        return self._batches(plan, ids, shared=in_worker, count=count, rings=rings, worker=wid)
+        return self._batches(plan, ids, shared=in_worker, count=False, rings=rings, worker=wid)
+
+    def _direct_pass(self) -> Iterator[Any]:
+        """A pass of this object itself; it begins at the first ``next()``, so an iterator made and
+        dropped unread (torchdata's restore of a state saved at an epoch's end) starts no epoch."""
+        world = self.world()
+        start = self._progress.begin(world.world_size, self._finished(world.world_size))
+        if start == 0:
+            refresh_generations(self)
+        plan = self.plan(self._progress.epoch)
+        yield from self._batches(plan, plan.rank_batches(world.world_size, world.rank, start), shared=False, count=True)
 
     def _new_shard_set(self) -> ShardSet:
         if self.mixture is not None:

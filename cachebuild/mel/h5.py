@@ -153,16 +153,8 @@ class H5Source:
         return name if name and name in f else None
 
     def _resolve_labels(self, f: Any, raw: np.ndarray) -> tuple[dict[str, int], np.ndarray, list[str]]:
-        file_map = _json_attr(f, "label2id_json", self.path)
-        if not isinstance(file_map, dict):
-            alt = _json_attr(f, "labels_json", self.path)
-            if isinstance(alt, dict):
-                file_map = alt
-            elif isinstance(alt, list) and alt and all(isinstance(s, str) for s in alt) and len(set(alt)) == len(alt):
-                file_map = {name: i for i, name in enumerate(alt)}
-            else:
-                file_map = {str(int(v)): int(v) for v in np.unique(raw)}
-        id2name = {int(v): str(k) for k, v in file_map.items()}
+        id2name = _file_id2name(f, raw, self.path)
+        file_map = {name: i for i, name in id2name.items()}
         unknown = sorted(set(np.unique(raw).tolist()) - set(id2name))
         if unknown:
             first = int(np.flatnonzero(raw == unknown[0])[0])
@@ -217,6 +209,37 @@ class H5Source:
             "datasets": self.datasets,
             "file_config": self.file_config,
         }
+
+
+def _as_id(value: Any) -> int | None:
+    """``value`` as a label id (an int, or a string of one), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _mapping_id2name(table: dict[Any, Any], attr: str, path: str) -> dict[int, str]:
+    """A label mapping in either direction (``{"LEAK": 0}`` or ``{"0": "LEAK"}``) -> ``{id: name}``."""
+    if all(_as_id(v) is not None for v in table.values()):
+        return {_as_id(v): str(k) for k, v in table.items()}  # type: ignore[misc]
+    if all(_as_id(k) is not None and isinstance(v, str) for k, v in table.items()):
+        return {_as_id(k): v for k, v in table.items()}  # type: ignore[misc]
+    raise SourceError(f"{path}: attribute {attr} must map label names to integer ids (or ids to names), got {json.dumps(table)[:200]}")
+
+
+def _file_id2name(f: Any, raw: np.ndarray, path: str) -> dict[int, str]:
+    """The file's label ids -> names: ``label2id_json``, else ``labels_json`` (a mapping or names in id order), else the ids."""
+    for attr in ("label2id_json", "labels_json"):
+        table = _json_attr(f, attr, path)
+        if isinstance(table, dict) and table:
+            return _mapping_id2name(table, attr, path)
+        if attr == "labels_json" and isinstance(table, list) and table and all(isinstance(s, str) for s in table) and len(set(table)) == len(table):
+            return dict(enumerate(table))
+    return {int(v): str(int(v)) for v in np.unique(raw)}
 
 
 def _json_attr(f: Any, name: str, path: str) -> Any:

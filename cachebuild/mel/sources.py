@@ -67,8 +67,10 @@ class WavFolderSource:
     reader; other audio files (``.flac``, ``.ogg``, ``.mp3``, ...) through
     ``soundfile`` when it is installed and can open them, else they are bad
     files ("unsupported format; convert it to WAV or install soundfile") and so
-    appear in the skipped list; hidden files, folders and non-audio files are
-    ignored.
+    appear in the skipped list; hidden files and non-audio files are ignored.
+    Audio files the walk does not read (at the top level, or in folders inside
+    a label folder) are named in one warning and listed as ``not_read`` in
+    :meth:`describe` (they used to be dropped silently).
     """
 
     kind = "wav"
@@ -88,8 +90,16 @@ class WavFolderSource:
         self._files: list[tuple[str, str, Any]] = []  # (relative path, label name, WavInfo)
         self.skipped: list[dict[str, str]] = []
         for name in folders:
-            for path in sorted((p for p in (self.root / name).iterdir() if p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".") and p.is_file()), key=lambda p: p.name):
+            for path in sorted((p for p in (self.root / name).iterdir() if _is_audio(p)), key=lambda p: p.name):
                 self._scan(path, name)
+        self.not_read = _audio_outside_label_folders(self.root, folders)
+        if self.not_read:
+            example = ", ".join(self.not_read[:3]) + (", ..." if len(self.not_read) > 3 else "")
+            warnings.warn(
+                f"{self.root}: {len(self.not_read)} audio file(s) not read: only ROOT/<LABEL>/<file> is read, not the top level or deeper folders ({example}); move them into their label folder",
+                BadFileWarning,
+                stacklevel=2,
+            )
 
     def _scan(self, path: Path, label_name: str) -> None:
         try:
@@ -131,6 +141,7 @@ class WavFolderSource:
             "sample_rates": rates,
             "n_skipped": len(self.skipped),
             "skipped": self.skipped,
+            **({"not_read": self.not_read} if self.not_read else {}),  # absent when empty: older caches' descriptions unchanged
             **self._decoders(),
         }
 
@@ -139,6 +150,21 @@ class WavFolderSource:
         if any(isinstance(info, SoundFileInfo) for _, _, info in self._files):
             return {"libsndfile": soundfile_version()}
         return {}
+
+
+def _is_audio(path: Path) -> bool:
+    """A visible file with an audio suffix (any case)."""
+    return path.suffix.lower() in AUDIO_SUFFIXES and not path.name.startswith(".") and path.is_file()
+
+
+def _audio_outside_label_folders(root: Path, folders: list[str]) -> list[str]:
+    """Audio files under ``root`` that the label-folder walk does not read: at the top level, or
+    in a folder inside a label folder (relative paths, sorted). Hidden folders are not searched."""
+    stray = [p for p in root.iterdir() if _is_audio(p)]
+    for name in folders:
+        for sub in (d for d in (root / name).iterdir() if d.is_dir() and not d.name.startswith(".")):
+            stray += [p for p in sub.rglob("*") if _is_audio(p) and not any(part.startswith(".") for part in p.relative_to(sub).parts)]
+    return sorted(p.relative_to(root).as_posix() for p in stray)
 
 
 # ------------------------------------------------------------------ synthetic

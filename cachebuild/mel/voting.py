@@ -163,6 +163,10 @@ class VoteAccumulator:
     Rows flagged ``is_pad`` are skipped, so every segment counts once.
     Tallies live on ``device`` (float64 sums of ``p``, counts of ``p >
     threshold`` and of segments).
+
+    Under DDP each rank sees only part of a file's segments (the ``mel`` view
+    splits segments, not files, between ranks): call :meth:`all_reduce` on
+    every rank before :meth:`result`, else each rank votes on its share alone.
     """
 
     num_files: int
@@ -195,6 +199,19 @@ class VoteAccumulator:
         self.p_sum.index_add_(0, cell, p.double())
         self.positive.index_add_(0, cell, (p >= self.threshold).long())
         self.count.index_add_(0, cell, torch.ones_like(cell))
+
+    def all_reduce(self, group: Any = None) -> "VoteAccumulator":
+        """Sum the tallies of every rank of ``group`` in place (a collective: every rank calls it); returns self.
+
+        Tallies must live where the backend reduces (CUDA for NCCL). Without an
+        initialised ``torch.distributed`` this does nothing.
+        """
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            for tally in (self.p_sum, self.positive, self.count):
+                dist.all_reduce(tally, group=group)
+        return self
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(leak fraction [F] float64, decision [F] bool, long windows seen [F] int64)``.

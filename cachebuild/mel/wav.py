@@ -202,6 +202,8 @@ def _check_fits(path: str, rate: int, n_frames: int, cfg: MelConfig) -> None:
     if rate != cfg.sample_rate and cfg.resample != "resample":
         raise SourceError(f'{path}: sample rate {rate} Hz, config expects {cfg.sample_rate} Hz (set resample = "resample" to convert)')
     n = resampled_length(n_frames, rate, cfg.sample_rate)
+    if n == 0:  # even with short_clip = "pad": a record of padding alone would be silence under the folder's label
+        raise SourceError(f"{path}: no audio samples ({n_frames} frames at {rate} Hz)")
     if n < cfg.clip_samples and cfg.short_clip != "pad":
         raise SourceError(f'{path}: clip too short: {n} samples at {cfg.sample_rate} Hz, needs {cfg.clip_samples} (set short_clip = "pad" to zero-pad)')
 
