@@ -16,7 +16,9 @@ defaults are 40 x 2 x 64 x 1, float16) and ``label`` (int16, 0-d).
     x2 at a pool boundary) and decodes each file once per epoch; rows are
     filled by index arithmetic (one ``np.take`` per key, no per-segment
     Python). ``chunk`` keeps that many consecutive segments of a file
-    together (default 1). Epoch plan, DDP split, exact resume, pinned
+    together (default 1). ``oversample={"LEAK": 2}`` reads each file of
+    that label twice per epoch (the users' ``leak_oversample_factor``;
+    :mod:`loaders.oversample`). Epoch plan, DDP split, exact resume, pinned
     prefetch: the stream's, unchanged.
 
     ================  =======================  ===========================================
@@ -65,7 +67,7 @@ defaults are 40 x 2 x 64 x 1, float16) and ``label`` (int16, 0-d).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -74,6 +76,7 @@ from loaders.batch import Field, Layout
 from cachebuild.format.decode import FieldBlock, read_block
 from loaders.plan import BatchItems
 from cachebuild.format.reader import ShardSet
+from loaders.oversample import parse_oversample, record_repeats
 from loaders.pools import DEFAULT_MIX, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, copy_repeats, pad_mask, require_fields
 from loaders.views.store import Dense, RecordStore
@@ -122,9 +125,13 @@ class MelView(_MelBase):
 
     name = "mel"
 
-    def __init__(self, manifest: Manifest, batch_size: int, dtype: str | None = None, waveform: bool = False, mix: int | None = DEFAULT_MIX, chunk: int = 1):
+    def __init__(
+        self, manifest: Manifest, batch_size: int, dtype: str | None = None, waveform: bool = False, mix: int | None = DEFAULT_MIX, chunk: int = 1, oversample: Mapping[Any, int] | None = None
+    ):
         super().__init__(manifest, batch_size, dtype, waveform)
         self.mix, self.chunk = check_mixing(self.name, mix, chunk)
+        self.oversample = parse_oversample(oversample, manifest, self.name)  # (label id, reads per epoch); see loaders.oversample
+        self._repeats: tuple[int, np.ndarray] | None = None
         self.g_max: int | None = None
         L, S, M, T = self.max_shape
         pad = self.varying  # every file of the cache the same shape: each decode overwrites its whole row
@@ -134,7 +141,18 @@ class MelView(_MelBase):
         self.store = RecordStore(dense, self._decode_into)
 
     def options(self) -> dict[str, Any]:
-        return {**super().options(), "mix": self.mix, "chunk": self.chunk}
+        opts = {**super().options(), "mix": self.mix, "chunk": self.chunk}
+        if self.oversample:  # (absent when not asked: states saved before the option still load)
+            opts["oversample"] = [list(p) for p in self.oversample]
+        return opts
+
+    def record_repeats(self, shards: ShardSet, records: int) -> np.ndarray | None:
+        """Reads per epoch of each record (``None``: once each), read once per process and cache size."""
+        if not self.oversample:
+            return None
+        if self._repeats is None or self._repeats[0] != records:
+            self._repeats = (records, record_repeats(shards, records, self.oversample))
+        return self._repeats[1]
 
     def bind(self, shapes: ShapesFn) -> np.ndarray:
         mel = shapes("mel")
@@ -144,7 +162,8 @@ class MelView(_MelBase):
             if len(wav) and (wav[:, :2] != mel[:, :2]).any():
                 bad = int(np.flatnonzero((wav[:, :2] != mel[:, :2]).any(axis=1))[0])
                 raise ValueError(f"view 'mel': record {bad} has waveform windows {tuple(wav[bad, :2])} but mel windows {tuple(mel[bad, :2])}")
-        self.g_max = max_records_per_batch(items, self.batch_size, self.chunk)
+        most = max((f for _, f in self.oversample), default=1)  # an oversampled file is that many places in the order
+        self.g_max = max_records_per_batch(np.repeat(items, most) if most > 1 else items, self.batch_size, self.chunk)
         return items
 
     def layout(self) -> Layout:
