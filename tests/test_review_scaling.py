@@ -181,3 +181,18 @@ def test_a_failing_source_on_dask_is_its_one_line(tmp_path: Path) -> None:
     res = _cli(["build", "-c", "recipe.toml", "-o", str(tmp_path / "out"), "-q", "--backend", "dask", "-j", "2"], user)
     assert res.returncode == 6, res.stderr
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "raised ValueError: no data for" in res.stderr, res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_an_unreachable_scheduler_is_one_line(tmp_path: Path) -> None:
+    """It was distributed's OSError traceback after 30 s."""
+    pytest.importorskip("distributed")
+    from ports import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"}
+    args = [sys.executable, "-m", "cachebuild.cli", "generate", "--graphs", "20", "-o", str(tmp_path / "out"), "-q", "--backend", "dask", "--scheduler", address]
+    res = subprocess.run(args, env=env, capture_output=True, text=True, timeout=100)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == res.stderr.strip().splitlines()[0], res.stderr
+    assert res.stderr.startswith(f"error: cannot reach the Dask scheduler at {address}"), res.stderr

@@ -1,4 +1,4 @@
-"""Run shard jobs on a joblib backend: loky (local processes), threading, Dask or Ray.
+"""Run shard jobs on loky (local processes) or threading (joblib), on a Dask cluster, or on Ray.
 
 Dask: with an address, the build connects to that scheduler; without one, a
 ``LocalCluster`` of ``workers`` single-threaded processes on 127.0.0.1 is started for
@@ -13,8 +13,8 @@ the build waits forever. Before the shards are sent, one probe task loads a job 
 worker, so a cluster that cannot load it (no cachebuild there, an installed module
 missing) is one error naming the module, and a cluster that runs nothing is an error
 after ``PROBE_TIMEOUT_S``.
-Ray: ``ray.init(address)`` (or a
-local Ray) and Ray's joblib backend.
+
+Ray: ``ray.init(address)`` (or a local Ray) and Ray's joblib backend.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ def _dask_client(address: str | None, workers: int) -> Iterator[Any]:
     except ImportError as exc:
         raise ConfigError("backend 'dask' needs the dask extra: pip install 'cachebuild[dask]'") from exc
     if address:
-        client = Client(address, set_as_default=False)
+        try:
+            client = Client(address, set_as_default=False)
+        except OSError as exc:  # unreachable, refused, timed out: dask's own traceback helps no one
+            raise ConfigError(f"cannot reach the Dask scheduler at {address}: {' '.join(str(exc).split())}") from None
         try:
             yield client
         finally:

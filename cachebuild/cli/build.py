@@ -15,6 +15,9 @@ from cachebuild.errors import ConfigError
 __all__ = ["generate_command", "mel_command", "build_command"]
 
 
+BACKEND_HELP = "What runs the shards: loky (local processes), threading, dask (one task per shard on the cluster) or ray."
+
+
 def _workers_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel worker processes (default: all cores).")(fn)
 
@@ -59,7 +62,7 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.option("--samples", type=int, default=None, help="Rows per world: base and each intervention (samples.base).")
 @click.option("--twin/--no-twin", default=None, help="Intervened rows share the base rows' noise (default) or draw fresh noise.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set interventions.intervention_prob=0.3 (repeatable).")
-@click.option("--backend", type=click.Choice(["loky", "dask", "ray"]), default="loky", show_default=True, help="joblib backend that runs the shards.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help=BACKEND_HELP)
 @click.option("--scheduler", type=str, default=None, help="Dask scheduler address (with --backend dask; default: a local cluster).")
 @click.option("--address", type=str, default=None, help="Ray cluster address (with --backend ray; default: a local Ray).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
@@ -117,7 +120,7 @@ def generate_command(**o: Any) -> None:
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--h5-dataset", "h5_datasets", multiple=True, metavar="ROLE=NAME", help="Rename an HDF5 dataset: labels=..., mel=..., waveform=... (repeatable).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set n_mels=128 (repeatable).")
-@click.option("--backend", type=click.Choice(["loky", "dask", "ray"]), default="loky", show_default=True, help="joblib backend that runs the shards.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help=BACKEND_HELP)
 @click.option("--scheduler", "--address", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -166,7 +169,7 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
     metavar="N",
     help="Records per tar member (build.pack) [default: the recipe's, else 256, fewer if that passes 16 MB; with --append: the cache's own; 1: one member per record and field, the layout of format v1].",
 )
-@click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help="joblib backend that runs the shards.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help=BACKEND_HELP)
 @click.option("--address", "--scheduler", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
 @click.option("--append", is_flag=True, help="Add --records fresh records to the cache at --out as its next generation (same recipe, checked).")
