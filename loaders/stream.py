@@ -186,7 +186,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 plan = self.mixture.plan(epoch, self.items_per_record, c, self.view.mix, self.view.chunk)
             else:
                 order = epoch_order(self._counts, c.seed, epoch, c.shuffle, c.window)
-                repeats = self.view.record_repeats(self._shards(), int(self._counts.sum()))  # class oversampling (loaders.oversample)
+                repeats = self.view.record_repeats(self._shards, int(self._counts.sum()))  # class oversampling (loaders.oversample)
                 if repeats is not None:
                     order = np.repeat(order, repeats[order])
                 plan = EpochPlan.from_order(order, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.drop_last, self.view.mix, self.view.chunk)

@@ -54,9 +54,9 @@ class View:
         """Learn what the cache holds (from index shapes); return items per record (``None``: one each)."""
         return None
 
-    def record_repeats(self, shards: ShardSet, records: int) -> np.ndarray | None:
+    def record_repeats(self, shards: Callable[[], ShardSet], records: int) -> np.ndarray | None:
         """Reads per epoch of each record, when the view reads some more than once (``mel``'s
-        ``oversample``); ``None``: every record once."""
+        ``oversample``; ``shards()`` opens the cache only then); ``None``: every record once."""
         return None
 
     def decoded_fields(self) -> list[str]:

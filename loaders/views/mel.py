@@ -67,7 +67,7 @@ defaults are 40 x 2 x 64 x 1, float16) and ``label`` (int16, 0-d).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -146,12 +146,12 @@ class MelView(_MelBase):
             opts["oversample"] = [list(p) for p in self.oversample]
         return opts
 
-    def record_repeats(self, shards: ShardSet, records: int) -> np.ndarray | None:
+    def record_repeats(self, shards: Callable[[], ShardSet], records: int) -> np.ndarray | None:
         """Reads per epoch of each record (``None``: once each), read once per process and cache size."""
         if not self.oversample:
             return None
         if self._repeats is None or self._repeats[0] != records:
-            self._repeats = (records, record_repeats(shards, records, self.oversample))
+            self._repeats = (records, record_repeats(shards(), records, self.oversample))
         return self._repeats[1]
 
     def bind(self, shapes: ShapesFn) -> np.ndarray:
