@@ -96,8 +96,13 @@ class SharedPools:
         return int(self._arrays()[3][1])
 
     def fits(self, items: BatchItems, dense: dict[str, Any]) -> bool:
-        """Whether this batch's pools can live here (same pool size and record layout as allocated)."""
-        return items.pool_size == self.pool_size and {k: (tuple(d.shape), np.dtype(d.dtype).name) for k, d in dense.items()} == self.fields
+        """Whether this batch's pools can live here (pools no larger, same record layout as allocated).
+
+        A grown cache's plan cuts its pools anew (``records / ceil(records / mix)`` each): they may
+        be a record smaller or larger than the plan the regions were sized for, so regions are
+        sized for ``mix`` (:func:`shared_pools_for`) and any pool up to that size fits.
+        """
+        return 0 < items.pool_size <= self.pool_size and {k: (tuple(d.shape), np.dtype(d.dtype).name) for k, d in dense.items()} == self.fields
 
     def take(self, items: BatchItems, worker: int, decode: Callable[[np.ndarray, np.ndarray, dict[str, np.ndarray]], None], zero: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
         """``(arrays, where)`` with every pool of the batch decoded in shared regions, or ``None``
@@ -212,7 +217,11 @@ def shared_pools_for(view: Any, plan: Any, workers: int, context: Any) -> Shared
     fields = {k: (tuple(d.shape), np.dtype(d.dtype).name) for k, d in store.fields.items()}
     per_record = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(t).itemsize for s, t in fields.values())
     regions = plan.pool_span + workers
-    need = per_record * plan.pool_size * regions
+    size = plan.pool_size
+    mix = getattr(view, "mix", None)
+    if isinstance(mix, int) and len(plan.pools) > 2:  # 2+ pools: any later plan's are <= mix (and this one's > mix / 2)
+        size = max(size, mix)
+    need = per_record * size * regions
     try:
         st = os.statvfs("/dev/shm")
         room = st.f_bavail * st.f_frsize
@@ -221,4 +230,4 @@ def shared_pools_for(view: Any, plan: Any, workers: int, context: Any) -> Shared
     if need > _MAX_SHARE_OF_SHM * room:
         return None
     lock = (context if context is not None else __import__("multiprocessing")).Lock()
-    return SharedPools(fields, plan.pool_size, regions, workers, lock)
+    return SharedPools(fields, size, regions, workers, lock)

@@ -124,3 +124,27 @@ def test_spawned_workers_share_pools_too(graphs: Path) -> None:
     got = _epochs(loader, 1)
     assert all_batches_equal(want, got)
     assert loader.dataset.shared_pools.decoded == GRAPHS and loader.dataset.shared_pools.private_batches == 0
+
+
+def test_a_cache_that_grows_under_persistent_workers_keeps_sharing(graphs: Path, tmp_path: Path) -> None:
+    """Persistent workers read a cache across an append: the new generation's plan cuts its pools
+    anew (240 graphs, mix 64: 4 pools of 60; 340: 6 of 56-57). The batches are those of 0 workers
+    and the grown epoch's pools are still decoded once in the shared regions (they were sized for
+    one plan's exact pool size, so every later batch went back to per-worker decoding)."""
+    from cachebuild.jobs import run_causal_build
+
+    root = tmp_path / "c"
+    shutil.copytree(graphs, root)
+    ref = make_loader(_twins(root), num_workers=0)
+    loader = make_loader(_twins(root), num_workers=2, persistent_workers=True)
+    shared = loader.dataset.shared_pools
+    want, got, decoded = [], [], []
+    for e in range(2):
+        if e == 1:
+            run_causal_build(None, [], {"graphs": 100, "build.shard_mb": 0.6, "seed": 0}, root, workers=1, progress=False, append=True)
+        for lo, out in ((ref, want), (loader, got)):
+            lo.set_epoch(e)
+            out += [{k: v.clone() for k, v in b.items()} for b in lo]
+        decoded.append(shared.decoded)
+    assert all_batches_equal(want, got)
+    assert decoded[0] >= GRAPHS and decoded[1] - decoded[0] >= GRAPHS + 100 and shared.private_batches == 0
