@@ -48,8 +48,8 @@ def parse_oversample(option: Mapping[Any, Any] | None, manifest: Manifest, view:
     for key, factor in option.items():
         if isinstance(key, str) and key in ids:
             label = ids[key]
-        elif isinstance(key, (int, np.integer)) and not isinstance(key, bool) and key >= 0:
-            label = int(key)
+        elif isinstance(key, (int, np.integer)) and not isinstance(key, bool) and key >= 0 and (not ids or int(key) in ids.values()):
+            label = int(key)  # an id the cache's label table lacks (a typo) would oversample nothing
         else:
             known = ", ".join(f"{name!r} ({i})" for name, i in sorted(ids.items(), key=lambda kv: kv[1])) or "none named; use label ids"
             raise ConfigError(f"view {view!r}: oversample key {key!r} is not a label of {manifest.root} (labels: {known})")

@@ -99,6 +99,7 @@ def test_labels_by_id_and_factor_one(mel: Path) -> None:
         ({"LEAK": 1.5}, ["oversample['LEAK'] = 1.5"]),
         ({"LEAK": True}, ["oversample['LEAK'] = True"]),
         (["LEAK"], ["must be a dict"]),
+        ({7: 2}, ["key 7 is not a label", "'LEAK' (0)"]),  # an id outside the cache's label table: it oversampled nothing, silently
     ],
 )
 def test_bad_oversample_options_are_named(mel: Path, option: object, words: list[str]) -> None:
