@@ -141,8 +141,10 @@ class SharedPools:
                 ctrl[r, _USERS] += 1
                 region_of[q] = r
         self._mine = list(region_of.values())
+        pending = list(claimed.values())
         for q, r in claimed.items():
-            self._fill(r, items.pool_records(q), arrays, ctrl, count, decode, [] if r in fresh else zero)
+            self._fill(r, items.pool_records(q), arrays, ctrl, count, decode, [] if r in fresh else zero, pending)
+            pending.remove(r)
         if not self._wait_ready([r for q, r in region_of.items() if q not in claimed], ctrl):
             self.done()
             with self.lock:
@@ -151,8 +153,13 @@ class SharedPools:
         region = np.array([region_of[q] for q in items.pool.tolist()], np.int64) if len(items.pool) else np.zeros(0, np.int64)
         return arrays, region * self.pool_size + items.pool_index
 
-    def _fill(self, r: int, ids: np.ndarray, arrays: dict[str, np.ndarray], ctrl: np.ndarray, count: np.ndarray, decode: Callable[..., None], zero: list[str]) -> None:
-        """Decode pool records ``ids`` into region ``r`` (claimed by this process) and mark it ready."""
+    def _fill(self, r: int, ids: np.ndarray, arrays: dict[str, np.ndarray], ctrl: np.ndarray, count: np.ndarray, decode: Callable[..., None], zero: list[str], pending: list[int]) -> None:
+        """Decode pool records ``ids`` into region ``r`` (claimed by this process) and mark it ready.
+
+        On an error every region of ``pending`` (``r`` and the ones this batch claimed but has not
+        filled yet) is marked empty: left ``DECODING`` they could never be reused, and another
+        worker needing one of those pools would wait ``wait_s`` for a decode nobody runs.
+        """
         lo = r * self.pool_size
         try:
             for k in zero:
@@ -160,7 +167,7 @@ class SharedPools:
             decode(ids, lo + np.arange(len(ids), dtype=np.int64), arrays)
         except BaseException:
             with self.lock:
-                ctrl[r, _STATE] = _EMPTY  # workers waiting on it give up on it (and release their use)
+                ctrl[pending, _STATE] = _EMPTY  # workers waiting on them give up on them (and release their use)
                 for taken in self._mine:
                     ctrl[taken, _USERS] -= 1
             self._mine = []

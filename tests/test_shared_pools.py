@@ -148,3 +148,38 @@ def test_a_cache_that_grows_under_persistent_workers_keeps_sharing(graphs: Path,
         decoded.append(shared.decoded)
     assert all_batches_equal(want, got)
     assert decoded[0] >= GRAPHS and decoded[1] - decoded[0] >= GRAPHS + 100 and shared.private_batches == 0
+
+
+def test_a_failed_decode_frees_every_region_its_batch_claimed(graphs: Path) -> None:
+    """A batch touching two pools not decoded yet claims a region for each; when the first decode
+    raises, the second must not stay claimed: the next worker needing that batch decodes both itself
+    (the second region was left ``DECODING``: that worker waited ``wait_s`` for a decode nobody
+    ran, then built the batch privately, and the region was never reusable again)."""
+    import multiprocessing
+
+    import numpy as np
+
+    stream = _twins(graphs)
+    plan = stream.plan(0)
+    items = next(it for it in map(plan.batch, range(plan.batches)) if len(np.unique(it.pool)) == 2)
+    store = stream.view.store
+    fields = {k: (tuple(d.shape), np.dtype(d.dtype).name) for k, d in store.fields.items()}
+    pools = SharedPools(fields, plan.pool_size, plan.pool_span + 2, 2, multiprocessing.Lock(), wait_s=1.0)
+    zero = [k for k, f in store.fields.items() if f.zero]
+
+    def corrupt(ids, rows, arrays) -> None:
+        raise OSError("a corrupt frame")
+
+    def decode(ids, rows, arrays) -> None:
+        store.decode(stream._shards(), ids, arrays, rows)
+
+    with pytest.raises(OSError):
+        pools.take(items, 0, corrupt, zero)
+    got = pools.take(items, 1, decode, zero)  # before the fix: a 1 s wait for the second pool, then None
+    assert got is not None
+    pools.done()
+    assert pools.private_batches == 0 and pools.decoded == sum(len(items.pool_records(q)) for q in np.unique(items.pool).tolist())
+    arrays, where = got
+    store.attach(None, 0)
+    mine, rows = store.rows(stream._shards(), items)  # the private store's decode: the same records
+    assert all(np.array_equal(arrays[k][where], mine[k][rows]) for k in arrays)
