@@ -114,3 +114,11 @@ def test_a_mixture_is_refused(mel: Path) -> None:
 
     with pytest.raises(ConfigError, match="weights="):
         ShardStream(Mixture({"a": mel, "b": mel}), view="mel", batch_size=256, oversample={"LEAK": 2})
+
+
+def test_the_mel_files_view_refuses_oversample_naming_it(mel: Path) -> None:
+    """Whole files (``mel_files``) take no ``oversample``: the error names that option alone, not
+    every option given (it listed ``dtype`` too), and says what the view takes."""
+    with pytest.raises(TypeError) as info:
+        ShardStream(mel, view="mel_files", batch_size=8, dtype="float16", oversample={"LEAK": 2})
+    assert "['oversample']" in str(info.value) and "it takes: dtype, waveform" in str(info.value), str(info.value)

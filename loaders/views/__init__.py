@@ -62,8 +62,11 @@ def make_view(name: str, manifest: Manifest, batch_size: int, **options: Any) ->
         factory = VIEWS[name]
     except KeyError:
         raise ValueError(f"unknown view {name!r}; registered views: {', '.join(sorted(set(VIEWS) | set(_LAZY_MODULES)))}") from None
+    signature = inspect.signature(factory)
     try:
-        inspect.signature(factory).bind(manifest, batch_size, **options)
+        signature.bind(manifest, batch_size, **options)
     except TypeError as exc:
-        raise TypeError(f"view {name!r} does not take these options {sorted(options)}: {exc}") from None
+        takes = [p.name for p in list(signature.parameters.values())[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = sorted(k for k in options if k not in takes) or sorted(options)
+        raise TypeError(f"view {name!r} does not take option(s) {unknown} (it takes: {', '.join(takes) or 'none'}): {exc}") from None
     return factory(manifest, batch_size, **options)
