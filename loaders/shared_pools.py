@@ -162,8 +162,8 @@ class SharedPools:
         """
         lo = r * self.pool_size
         try:
-            for k in zero:
-                arrays[k][lo : lo + self.pool_size] = 0
+            for k in zero:  # the rows this pool uses (regions are sized for mix; rows past the pool are never read)
+                arrays[k][lo : lo + len(ids)] = 0
             decode(ids, lo + np.arange(len(ids), dtype=np.int64), arrays)
         except BaseException:
             with self.lock:
