@@ -20,11 +20,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from cachebuild.errors import ConfigError
-from cachebuild.format.decode import read_block
+from cachebuild.format.decode import FieldBlock, read_block
 from cachebuild.format.manifest import Manifest
 from cachebuild.format.reader import ShardSet
 
-__all__ = ["parse_oversample", "record_repeats", "MAX_FACTOR"]
+__all__ = ["parse_oversample", "record_repeats", "block_labels", "MAX_FACTOR"]
 
 MAX_FACTOR = 1000
 _CHUNK = 65_536
@@ -59,15 +59,19 @@ def parse_oversample(option: Mapping[Any, Any] | None, manifest: Manifest, view:
     return tuple(sorted((k, v) for k, v in out.items() if v != 1))
 
 
+def block_labels(block: FieldBlock) -> np.ndarray:
+    """Label of every record of a block (0-d int16 arrays) as int64 ``[G]``."""
+    out = np.zeros(len(block.shapes), np.int64)
+    block.scatter(out)
+    return out
+
+
 def record_repeats(shards: ShardSet, records: int, factors: tuple[tuple[int, int], ...]) -> np.ndarray:
     """Reads per epoch of each of the first ``records`` records (``int64 [records]``): its label's factor, else 1."""
     labels = np.empty(records, np.int64)
     for a in range(0, records, _CHUNK):
         ids = np.arange(a, min(a + _CHUNK, records), dtype=np.int64)
-        block = read_block(shards, ids, ["label"])["label"]
-        out = np.zeros(len(ids), np.int64)
-        block.scatter(out)
-        labels[a : a + len(ids)] = out
+        labels[a : a + len(ids)] = block_labels(read_block(shards, ids, ["label"])["label"])
     repeats = np.ones(records, np.int64)
     for label, factor in factors:
         repeats[labels == label] = factor

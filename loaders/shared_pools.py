@@ -32,26 +32,15 @@ import time
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
 from loaders.plan import BatchItems
+from loaders.slots import shared_bytes
 
 __all__ = ["SharedPools", "shared_pools_for"]
 
 _PLAN, _EPOCH, _POOL, _STATE, _USERS = range(5)  # columns of a region's control row
 _EMPTY, _DECODING, _READY = 0, 1, 2
 _MAX_SHARE_OF_SHM = 0.25  # of /dev/shm's free space, at most, so a full tmpfs never faults a worker
-
-
-def _shared(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of zeroed shared memory whose pages are allocated when first written."""
-    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-    size = max(int(nbytes), 1)
-    if new_shared is not None:
-        t: torch.Tensor = torch.empty(0, dtype=torch.uint8).set_(new_shared(size))[:size]
-        return t
-    fallback: torch.Tensor = torch.zeros(size, dtype=torch.uint8).share_memory_()
-    return fallback
 
 
 class SharedPools:
@@ -61,8 +50,8 @@ class SharedPools:
         self.fields = dict(fields)
         self.pool_size, self.regions, self.workers, self.wait_s = int(pool_size), int(regions), int(workers), float(wait_s)
         rows = self.pool_size * self.regions
-        self._buffers = {k: _shared(rows * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize) for k, (shape, dtype) in self.fields.items()}
-        self._control = _shared(8 * (5 * self.regions + 3 * self.workers + 2))
+        self._buffers = {k: shared_bytes(rows * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize) for k, (shape, dtype) in self.fields.items()}
+        self._control = shared_bytes(8 * (5 * self.regions + 3 * self.workers + 2))
         self.lock = lock
         self._views: dict[str, np.ndarray] | None = None
         self._mine: list[int] = []  # regions this process's current batch reads

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["SLOT_HEADER", "ZERO_COPY_HELD", "SlotRings", "SlotLease", "register", "unregister", "rings_of"]
+__all__ = ["SLOT_HEADER", "ZERO_COPY_HELD", "SlotRings", "SlotLease", "register", "unregister", "rings_of", "shared_bytes"]
 
 SLOT_HEADER = 64
 """Bytes before the batch in a slot; byte 0 is the slot's busy flag."""
@@ -70,24 +70,25 @@ def rings_of(token: str) -> "SlotRings":
         raise RuntimeError(f"batch refers to slot rings {token[:8]} that no live loader in this process owns") from None
 
 
+def shared_bytes(nbytes: int) -> torch.Tensor:
+    """``nbytes`` (at least 1) of zeroed shared memory, as a ``uint8`` tensor that DataLoader workers
+    inherit; its pages are allocated when first written (where torch can)."""
+    size = max(int(nbytes), 1)
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if new_shared is not None:
+        lazy: torch.Tensor = torch.empty(0, dtype=torch.uint8).set_(new_shared(size))[:size]
+        return lazy
+    eager: torch.Tensor = torch.zeros(size, dtype=torch.uint8).share_memory_()
+    return eager
+
+
 class SlotRings:
     """``slots`` shared-memory buffers of ``nbytes`` (plus header) for each of ``workers`` workers."""
 
     def __init__(self, workers: int, slots: int, nbytes: int, timeout_s: float = 1.0):
         self.token = uuid.uuid4().hex
         self.workers, self.slots, self.nbytes, self.timeout_s = workers, slots, nbytes, timeout_s
-        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-        self.buffers: list[list[torch.Tensor]] = []
-        for _ in range(workers):
-            ring = []
-            for _ in range(slots):
-                size = SLOT_HEADER + max(nbytes, 1)
-                if new_shared is not None:  # pages are only allocated when first written
-                    t = torch.empty(0, dtype=torch.uint8).set_(new_shared(size))[:size]
-                else:
-                    t = torch.zeros(size, dtype=torch.uint8).share_memory_()
-                ring.append(t)
-            self.buffers.append(ring)
+        self.buffers = [[shared_bytes(SLOT_HEADER + max(nbytes, 1)) for _ in range(slots)] for _ in range(workers)]
         self._next = [0] * workers
         self._flags: dict[tuple[int, int], np.ndarray] = {}
         self.held = [0] * workers  # main process: batches alive as views of this worker's slots

@@ -17,43 +17,26 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
-import json
 import os
-import signal
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
 from loaders import ShardStream, make_loader  # noqa: E402
 from loaders.lightning import StreamDataModule  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lightning_run import Tiny as TrainTiny, fit_killing_ranks  # noqa: E402
 
-class Tiny(pl.LightningModule):
-    def __init__(self, log: Path):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(1))
-        self.log_path = log
 
-    def _write(self, suffix: str, batch: dict) -> None:
-        ids = batch["record_id"][~batch["is_pad"]].tolist()
-        with open(self.log_path.with_name(f"{self.log_path.name}{suffix}-rank{self.global_rank}.jsonl"), "a") as f:
-            f.write(json.dumps({"epoch": self.current_epoch, "step": self.global_step, "ids": ids}) + "\n")
-
-    def training_step(self, batch, batch_idx):
-        self._write("", batch)
-        return (self.w * batch["record_id"].float().mean()).sum() ** 2
-
+class Tiny(TrainTiny):
     def validation_step(self, batch, batch_idx):
         self._write("-val", batch)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 class WithValidation(StreamDataModule):
@@ -91,12 +74,7 @@ def main() -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    try:
-        trainer.fit(Tiny(out / a.tag), datamodule=dm, ckpt_path=a.ckpt)
-    except BaseException:
-        for proc in getattr(trainer.strategy.launcher, "procs", []):  # the ranks this one launched
-            proc.send_signal(signal.SIGKILL)
-        raise
+    fit_killing_ranks(trainer, Tiny(out / a.tag), dm, a.ckpt)
 
 
 if __name__ == "__main__":

@@ -43,10 +43,13 @@ class Tiny(pl.LightningModule):
         self.w = torch.nn.Parameter(torch.zeros(1))
         self.log_path = log
 
-    def training_step(self, batch, batch_idx):
+    def _write(self, suffix: str, batch: dict) -> None:
         ids = batch["record_id"][~batch["is_pad"]].tolist()
-        with open(self.log_path.with_name(f"{self.log_path.name}-rank{self.global_rank}.jsonl"), "a") as f:
+        with open(self.log_path.with_name(f"{self.log_path.name}{suffix}-rank{self.global_rank}.jsonl"), "a") as f:
             f.write(json.dumps({"epoch": self.current_epoch, "step": self.global_step, "ids": ids}) + "\n")
+
+    def training_step(self, batch, batch_idx):
+        self._write("", batch)
         return (self.w * batch["record_id"].float().mean()).sum() ** 2
 
     def configure_optimizers(self):
@@ -60,6 +63,17 @@ class Die(pl.Callback):
     def on_train_batch_end(self, trainer, *args) -> None:
         if trainer.global_step == self.step:
             os._exit(3)
+
+
+def fit_killing_ranks(trainer: pl.Trainer, model: pl.LightningModule, dm: pl.LightningDataModule, ckpt: str | None) -> None:
+    """``trainer.fit``; a rank that raises kills the ranks it launched (Lightning leaves them waiting
+    out the process-group timeout, holding the test's pipes open)."""
+    try:
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+    except BaseException:
+        for proc in getattr(trainer.strategy.launcher, "procs", []):  # the ranks this one launched
+            proc.send_signal(signal.SIGKILL)
+        raise
 
 
 def main() -> None:
@@ -86,12 +100,7 @@ def main() -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    try:
-        trainer.fit(Tiny(out / a.tag), datamodule=dm, ckpt_path=a.ckpt)
-    except BaseException:
-        for proc in getattr(trainer.strategy.launcher, "procs", []):  # the ranks this one launched
-            proc.send_signal(signal.SIGKILL)
-        raise
+    fit_killing_ranks(trainer, Tiny(out / a.tag), dm, a.ckpt)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,8 @@ uninterrupted run never saw, one epoch behind.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from loader_fixtures import causal_cache  # noqa: F401
+from bounded_run import run_bounded
 from ports import free_port
 
 pytest.importorskip("lightning")
@@ -33,18 +32,7 @@ RUN_TIMEOUT_S = 270  # the ranks' own watchdog fires at 240 s
 def _run(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
     """One run in its own process group, killed whole (ranks and DataLoader workers) when it ends or hangs."""
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    cmd = [sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        stderr += f"\n[test] killed after {RUN_TIMEOUT_S} s"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    return run_bounded([sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra], env, RUN_TIMEOUT_S)
 
 
 def _batches(out: Path, tag: str, rank: int) -> list[tuple[int, list[int]]]:

@@ -8,10 +8,8 @@ run must train on exactly the batches the reference trained on from there.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from loader_fixtures import causal_cache  # noqa: F401
+from bounded_run import run_bounded
 from ports import free_port
 
 pytest.importorskip("lightning")
@@ -40,18 +39,7 @@ dumped their stacks. The first attempt's stderr is kept in the second's failure 
 def _attempt(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
     # the rendezvous port, picked outside the ephemeral range (tests/ports.py) rather than by Lightning
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    cmd = [sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        stderr += f"\n[test] killed after {RUN_TIMEOUT_S} s"
-    finally:  # no rank or DataLoader worker outlives its run (a killed run orphans them)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    return run_bounded([sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra], env, RUN_TIMEOUT_S)
 
 
 def _run(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:

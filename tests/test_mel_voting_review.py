@@ -8,11 +8,8 @@ rank's windows, decisions that disagree between ranks), with nothing saying so.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import numpy as np
 import pytest
 
 from loader_fixtures import build_mel_from_arrays
+from bounded_run import run_bounded
 from ports import free_port
 
 SCRIPT = Path(__file__).with_name("vote_ranks_run.py")
@@ -48,18 +46,8 @@ def test_two_ranks_vote_like_one_after_all_reduce(mel_cache, tmp_path):
     want = tally(str(mel_cache)).result()[0].numpy()  # one process, every segment
     assert 0 < (want >= 0.5).sum() < len(want)  # the stand-in model splits the files
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]))
-    cmd = [sys.executable, str(SCRIPT), str(mel_cache), str(free_port()), str(tmp_path)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, stderr = proc.communicate()
-        stderr += "\n[test] killed after 120 s"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, stderr[-3000:]
+    done = run_bounded([sys.executable, str(SCRIPT), str(mel_cache), str(free_port()), str(tmp_path)], env, 120)
+    assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in ranks:
         np.testing.assert_allclose(r["after"], want, rtol=0, atol=1e-12)

@@ -7,11 +7,8 @@ log a user reads said "not data-bound". ``summary_across_ranks()`` gathers every
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +17,7 @@ import numpy as np
 import pytest
 
 from loaders.monitor import StallMonitor
+from bounded_run import run_bounded
 from ports import free_port
 
 SCRIPT = Path(__file__).with_name("monitor_ranks_run.py")
@@ -67,17 +65,8 @@ def test_summary_across_ranks_without_distributed_is_this_process():
 @pytest.mark.timeout(180)
 def test_ddp_data_bound_peer_is_seen_from_every_rank(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]))
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(free_port()), str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, stderr = proc.communicate()
-        stderr += "\n[test] killed after 120 s"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, stderr[-3000:]
+    done = run_bounded([sys.executable, str(SCRIPT), str(free_port()), str(tmp_path)], env, 120)
+    assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["own"] < 0.3 < 0.5 < ranks[1]["own"]  # rank 0 alone would say: not data-bound
     for r in ranks:

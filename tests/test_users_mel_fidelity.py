@@ -18,7 +18,6 @@ default (``short_clip = "refuse"``) skips it with a warning, ``short_clip = "pad
 from __future__ import annotations
 
 import json
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ import pytest
 from cachebuild.errors import SourceError
 from cachebuild.mel import BadFileWarning, H5Source, MelConfig, WavFolderSource, log_mel
 from cachebuild.mel.wav import read_wav
+from test_mel_sources import write_pcm
 
 sf = pytest.importorskip("soundfile")
 
@@ -54,19 +54,7 @@ def _their_segments(wav: np.ndarray) -> np.ndarray:
 
 
 def _write_pcm(path: Path, frames: np.ndarray, bits: int) -> None:
-    scale = 2 ** (bits - 1)
-    q = np.clip(np.round(frames * scale), -scale, scale - 1).astype(np.int64)
-    if bits == 8:
-        payload = (q + 128).astype(np.uint8).tobytes()
-    elif bits == 24:
-        payload = q.astype("<i4").view(np.uint8).reshape(-1, 4)[:, :3].tobytes()
-    else:
-        payload = q.astype(f"<i{bits // 8}").tobytes()
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(frames.shape[1])
-        w.setsampwidth(bits // 8)
-        w.setframerate(SR)
-        w.writeframes(payload)
+    write_pcm(path, frames, bits, rate=SR)
 
 
 @pytest.mark.parametrize("bits", [8, 16, 24, 32])

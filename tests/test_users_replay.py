@@ -36,26 +36,16 @@ import pandas as pd
 import pytest
 
 import users_scm_reference as ref
+from test_users_recipes import TYPE_NAMES
 from cachebuild.causal import EDGE_FUNCTIONS, generate_graphs, parse_causal_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 VERSIONS = ("2026-01-06", "2026-01-15")
 COEFFS = {"2026-01-06": (-2.0, -1.0, 1.0, 2.0), "2026-01-15": (-2.0, 2.0)}
 CLIP = {"2026-01-06": 100.0, "2026-01-15": 20.0}
-# our registry name -> their edge type (2026-01-06's log/exp/sqrt fall back to x, our "linear")
-THEIR_TYPE = {
-    "2026-01-06": {
-        "linear_2x": "linear", "neg_linear_2x": "negative linear", "sin": "sin", "cos": "cos", "tanh": "tan",
-        "linear": "log", "quadratic_clip5": "quadratic", "cubic_clip3": "cubic", "sigmoid": "sigmoid",
-        "step": "step", "abs": "abs", "poly": "poly", "sawtooth_centered": "sawtooth", "rational": "rational",
-    },
-    "2026-01-15": {
-        "linear_2x": "linear", "neg_linear_2x": "negative linear", "sin": "sin", "cos": "cos", "tanh": "tan",
-        "log_abs_clip5": "log", "exp": "exp", "sqrt_abs": "sqrt", "quadratic_clip5": "quadratic",
-        "cubic_clip5": "cubic", "sigmoid": "sigmoid", "step": "step", "abs": "abs", "poly_clip5": "poly",
-        "sawtooth_centered": "sawtooth", "rational": "rational",
-    },
-}  # fmt: skip
+# our registry name -> their edge type: test_users_recipes' table turned around (2026-01-06's log, exp
+# and sqrt all fall back to x, our "linear": any of the three replays the same)
+THEIR_TYPE = {version: {ours: theirs for theirs, ours in names.items()} for version, names in TYPE_NAMES.items()}
 GRAPHS = 400
 MAX_BAD_WORLDS = 0.005
 

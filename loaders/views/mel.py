@@ -73,10 +73,10 @@ import numpy as np
 
 from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
-from cachebuild.format.decode import FieldBlock, read_block
+from cachebuild.format.decode import read_block
 from loaders.plan import BatchItems
 from cachebuild.format.reader import ShardSet
-from loaders.oversample import parse_oversample, record_repeats
+from loaders.oversample import block_labels, parse_oversample, record_repeats
 from loaders.pools import DEFAULT_MIX, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, copy_repeats, pad_mask, require_fields
 from loaders.views.store import Dense, RecordStore
@@ -111,13 +111,6 @@ class _MelBase(View):
 
     def options(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "waveform": self.waveform}
-
-
-def _labels(block: FieldBlock) -> np.ndarray:
-    """Label of every record of a block (0-d int16 arrays) as int64 ``[G]``."""
-    out = np.zeros(len(block.shapes), np.int64)
-    block.scatter(out)
-    return out
 
 
 class MelView(_MelBase):
@@ -188,7 +181,7 @@ class MelView(_MelBase):
         blocks["mel"].scatter(arrays["mel"], dest)  # cast to the batch dtype on the way
         if self.waveform:
             blocks["waveform"].scatter(arrays["waveform"], dest)
-        arrays["label"][dest] = _labels(blocks["label"])
+        arrays["label"][dest] = block_labels(blocks["label"])
         arrays["n_short"][dest] = blocks["mel"].shapes[:, 1]
 
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
@@ -247,7 +240,7 @@ class MelFilesView(_MelBase):
         for name in dense:
             blocks[name].scatter(out[name], first)  # each file once, at its first row
         copy_repeats(out, first, slot, dense)  # rows repeating a file (padding) copy it
-        out["label"][...] = _labels(blocks["label"])[slot]
+        out["label"][...] = block_labels(blocks["label"])[slot]
         out["file_id"][...] = items.records
         pad_mask(blocks["mel"].shapes[:, 0][slot], self.max_shape[0], out["long_mask"])
         out["is_pad"][...] = items.is_pad
