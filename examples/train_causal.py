@@ -26,6 +26,8 @@ from _common import pick_device, print_summary
 from loaders import ShardStream, make_loader, to_device
 from loaders.monitor import StallMonitor
 
+SHARED = {"auto": None, "on": True, "off": False}  # make_loader(shared_pools=...)
+
 
 class TwinMLP(nn.Module):
     """delta_hat = MLP(base row, one-hot target, value, graph context)."""
@@ -46,7 +48,7 @@ class TwinMLP(nn.Module):
 
 def batches_ours(args, device):
     stream = ShardStream(args.cache, view="twins", batch_size=args.batch_size, shuffle=True, seed=args.seed, compact=True)
-    loader = make_loader(stream, num_workers=args.workers, handover=args.handover)
+    loader = make_loader(stream, num_workers=args.workers, handover=args.handover, shared_pools=SHARED[args.shared_pools])
     n = stream.manifest.schema("adj").max_shape[0]
 
     def device_batches():
@@ -94,6 +96,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=4096, help="twin rows per batch")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--shared-pools", choices=sorted(SHARED), default="auto", help="workers share decoded pools: auto (when workers outnumber free cores), on, off")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden", type=int, default=512)

@@ -42,6 +42,8 @@ from loaders import ShardStream, make_loader, to_device
 from cachebuild.mel.voting import file_confusion, file_votes, leak_label_id
 from loaders.monitor import StallMonitor
 
+SHARED = {"auto": None, "on": True, "off": False}  # make_loader(shared_pools=...)
+
 
 class MelCNN(nn.Module):
     """Leak logit of one segment ``[N, 1, M, T]`` (any float dtype, dB): 1-D convolutions over the mel bins."""
@@ -68,7 +70,7 @@ def batches_ours(args, device, epoch: int, state: dict):
     """The ``mel`` view of epoch ``epoch``: (segments, leak target, weight of real rows)."""
     if "loader" not in state:
         stream = ShardStream(args.cache, view="mel", batch_size=args.batch_size, shuffle=True, seed=args.seed)
-        state["loader"] = make_loader(stream, num_workers=args.workers)
+        state["loader"] = make_loader(stream, num_workers=args.workers, shared_pools=SHARED[args.shared_pools])
         state["leak"] = leak_label_id(stream.manifest)
     loader, leak = state["loader"], state["leak"]
     loader.set_epoch(epoch)
@@ -221,6 +223,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1024, help="segments per batch")
     ap.add_argument("--eval-files", type=int, default=64, help="files per mel_files batch in evaluation")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--shared-pools", choices=sorted(SHARED), default="auto", help="workers share decoded pools: auto (when workers outnumber free cores), on, off")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--width", type=int, default=32)

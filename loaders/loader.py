@@ -27,7 +27,7 @@ from loaders.state import make_state
 from loaders.stream import ShardStream
 from loaders.world import detect_ranks
 
-__all__ = ["StreamLoader", "make_loader", "loader_state", "default_workers", "shutdown_workers", "SHM_PATH"]
+__all__ = ["StreamLoader", "make_loader", "loader_state", "default_workers", "shutdown_workers", "SHM_PATH", "share_pools", "usable_cores"]
 
 SHM_PATH = "/dev/shm"
 
@@ -45,9 +45,10 @@ class StreamLoader(DataLoader[Any]):
     wrappers (a stall monitor, :func:`loaders.to_device`) compose around it.
     """
 
-    def __init__(self, stream: ShardStream, handover: int = 2, **kwargs: Any):
+    def __init__(self, stream: ShardStream, handover: int = 2, shared_pools: bool | None = None, **kwargs: Any):
         self.stream = stream
         self.handover = int(handover)
+        self.share_pools = shared_pools
         self._ahead: Handover | None = None
         super().__init__(stream.for_loader(), batch_size=None, **kwargs)
         self._lookahead = 0
@@ -72,7 +73,7 @@ class StreamLoader(DataLoader[Any]):
 
     def _shared_pools(self, driven: ShardStream) -> SharedPools | None:
         """Decoded pools the workers share (:mod:`loaders.shared_pools`), for views that keep pools decoded."""
-        if self.num_workers < 2 or getattr(driven.view, "store", None) is None:
+        if self.num_workers < 2 or getattr(driven.view, "store", None) is None or not share_pools(self.share_pools, self.num_workers):
             return None
         try:
             plan = driven.plan()
@@ -195,6 +196,29 @@ def shutdown_workers(loader: Any) -> None:
         loader._iterator = None
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def share_pools(choice: bool | None, workers: int) -> bool:
+    """Whether ``workers`` DataLoader workers share decoded pools (``choice``: ``None`` is auto).
+
+    Auto shares when the workers and the main process do not all have a core of
+    their own (``workers + 1 > usable_cores()``): there each record decoded once
+    instead of once per worker is CPU freed for the others (mel 1.34x at 2 workers
+    on 2 cores). With a core to spare for every worker, duplicated decodes run in
+    parallel at no cost, while sharing makes workers wait on one another's decode:
+    on a 16-core H100 machine, 8 workers fed the causal trainer 15-20 % slower shared
+    (docs/DECISIONS.md, "Shared pools")."""
+    if choice is not None:
+        return bool(choice)
+    return workers + 1 > usable_cores()
+
+
 def shm_free_bytes(path: str = SHM_PATH) -> int | None:
     """Free bytes of the shared-memory filesystem, ``None`` where it cannot be read."""
     try:
@@ -234,6 +258,7 @@ def make_loader(
     multiprocessing_context: Any = None,
     timeout: float = 0,
     handover: int = 2,
+    shared_pools: bool | None = None,
     **dataloader_kwargs: Any,
 ) -> StreamLoader:
     """A :class:`StreamLoader` for ``dataset`` with defaults for streaming.
@@ -250,6 +275,10 @@ def make_loader(
         handover: batches a main-process thread receives from the workers ahead of
             the trainer (default 2; 0: receive in the trainer's ``next()``), so the
             ~1 ms hand-over per batch overlaps the training step (see :mod:`loaders.handover`).
+        shared_pools: whether workers decode each ``twins``/``mel`` pool once into shared
+            memory for all of them (:mod:`loaders.shared_pools`); default ``None``: when the
+            workers and the main process outnumber the usable cores (:func:`share_pools`).
+            Batches are the same either way.
         multiprocessing_context, timeout, **dataloader_kwargs: passed to DataLoader.
             The default start method is the process's own: in a rank started
             with ``torch.multiprocessing.spawn`` that is ``spawn``, which
@@ -269,4 +298,4 @@ def make_loader(
         prefetch = prefetch_factor or 2
         kwargs.update(prefetch_factor=prefetch, persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context)
         _check_shm(dataset, workers, prefetch)
-    return StreamLoader(dataset, handover=handover, **kwargs)
+    return StreamLoader(dataset, handover=handover, shared_pools=shared_pools, **kwargs)

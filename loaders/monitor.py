@@ -355,7 +355,7 @@ class StallMonitor:
         if frac > self.data_bound_threshold and DataBoundWarning not in ep.warned:
             self._warn(ep, DataBoundWarning, data_bound_advice(summary or self.summary(), self.data_bound_threshold))
         if gpu is not None and gpu < self.low_gpu_util and LowGpuUtilWarning not in ep.warned:
-            self._warn(ep, LowGpuUtilWarning, low_gpu_advice(summary or self.summary(), self.low_gpu_util))
+            self._warn(ep, LowGpuUtilWarning, low_gpu_advice(summary or self.summary(), self.low_gpu_util, gpu))
 
     def _warn(self, ep: EpochCounters, kind: type[UserWarning], message: str) -> None:
         ep.warned.add(kind)

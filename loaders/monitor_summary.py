@@ -125,10 +125,12 @@ def data_bound_advice(sm: StallSummary, threshold: float) -> str:
     )
 
 
-def low_gpu_advice(sm: StallSummary, low: float) -> str:
+def low_gpu_advice(sm: StallSummary, low: float, util: float | None = None) -> str:
+    """The LowGpuUtilWarning text; ``util``: the utilisation that was checked (default: the summary's)."""
+    shown = sm.gpu_util_mean if util is None else util
     why = (
         "the GPU idles while the loop waits for data: follow the data-bound advice (more workers, deeper prefetch, raw cache on tmpfs)"
         if sm.data_bound
         else "the loop is not waiting for data, so each step gives the GPU too little work: larger batches, fewer host syncs per step (.item(), .cpu(), printing), mixed precision or torch.compile"
     )
-    return f"GPU utilisation averaged {sm.gpu_util_mean:.0f}% (< {low:.0f}%) over {sm.wall_s:.1f} s: {why}."
+    return f"GPU utilisation averaged {shown:.0f}% (< {low:.0f}%) over {sm.wall_s:.1f} s: {why}."

@@ -31,6 +31,7 @@ slots.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 import uuid
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["SLOT_HEADER", "ZERO_COPY_HELD", "SlotRings", "SlotLease", "register", "unregister", "rings_of", "shared_bytes"]
+__all__ = ["SLOT_HEADER", "ZERO_COPY_HELD", "SlotRings", "SlotLease", "register", "unregister", "rings_of", "shared_bytes", "RetiredBatch"]
 
 SLOT_HEADER = 64
 """Bytes before the batch in a slot; byte 0 is the slot's busy flag."""
@@ -49,17 +50,35 @@ ZERO_COPY_HELD = 4
 """Most batches per worker a consumer may hold as views of their slots (see the module docstring)."""
 
 _REGISTRY: dict[str, "SlotRings"] = {}
+_RETIRED: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+_RETIRED_KEPT = 1024  # tokens of rings already let go of, remembered (a few bytes each)
+
+
+def _retire(token: str) -> None:
+    _REGISTRY.pop(token, None)
+    _RETIRED[token] = None
+    while len(_RETIRED) > _RETIRED_KEPT:
+        _RETIRED.popitem(last=False)
 
 
 def register(rings: "SlotRings", owner: object) -> None:
     """Make ``rings`` findable by the main process's unpickler for as long as ``owner`` (the loader) lives."""
     _REGISTRY[rings.token] = rings
-    weakref.finalize(owner, _REGISTRY.pop, rings.token, None)
+    weakref.finalize(owner, _retire, rings.token)
 
 
 def unregister(rings: "SlotRings") -> None:
     """Forget ``rings`` (a loader replaced them); batches still referring to them can no longer be read."""
-    _REGISTRY.pop(rings.token, None)
+    _retire(rings.token)
+
+
+class RetiredBatch:
+    """What a batch of rings already let go of unpickles to: nothing to read. Torch's pin-memory
+    thread can still take one from the queue while a loader is torn down (a trainer leaving its
+    loop at exit); it is dropped with the iterator instead of raising in that thread."""
+
+    def __repr__(self) -> str:
+        return "RetiredBatch()"
 
 
 def rings_of(token: str) -> "SlotRings":
@@ -198,5 +217,7 @@ def _rebuild(token: str, worker: int, slot: int, spec: Any) -> Any:
     """Unpickling in the main process: the batch, viewing the slot, holding an armed lease."""
     from loaders.batch import PackedBatch
 
+    if token in _RETIRED:
+        return RetiredBatch()
     rings = rings_of(token)
     return PackedBatch(rings.data(worker, slot), spec, SlotLease(rings, worker, slot, armed=True))

@@ -158,3 +158,21 @@ def test_model_consumer_refused_without_cuda(causal_cache):
 def test_bad_limits(causal_cache):
     r = _bench(str(causal_cache), "--batches", "1")
     assert r.exit_code == 2 and "--batches" in r.output
+
+
+def test_drain_clock_starts_after_the_warm_up_batch() -> None:
+    """A first step slower than ``seconds`` (a model's CUDA set-up) must not end the run before
+    anything was measured: on an H100, ``bench --consumer model --seconds 6`` drained 1 batch."""
+    import time as _time
+
+    from loaders.bench.drain import drain
+
+    calls: list[int] = []
+
+    def consume(batch: int) -> None:
+        calls.append(batch)
+        if len(calls) == 1:
+            _time.sleep(0.3)
+
+    summary, done = drain(lambda epoch: range(50) if epoch == 0 else range(0), lambda b: 1, consume, 0.1, None)
+    assert done > 2 and summary.steps >= 1

@@ -255,6 +255,28 @@ def test_slot_protocol():
     assert rings.acquire(0) is not None
 
 
+def test_a_batch_of_retired_rings_unpickles_inert():
+    """Torch's pin-memory thread can unpickle a queued batch after its loader was let go of (a
+    trainer leaving its loop at exit); seen on an H100 as "Exception in thread ... no live loader".
+    Such a batch is an inert RetiredBatch; a batch naming rings never seen still raises."""
+    import gc
+
+    from loaders.slots import RetiredBatch, SlotRings, _rebuild, register
+
+    class Owner:
+        pass
+
+    owner, rings = Owner(), SlotRings(workers=1, slots=2, nbytes=100)
+    register(rings, owner)
+    live = _rebuild(rings.token, 0, 0, {})
+    assert not isinstance(live, RetiredBatch)
+    del live, owner
+    gc.collect()
+    assert isinstance(_rebuild(rings.token, 0, 1, {}), RetiredBatch)
+    with pytest.raises(RuntimeError, match="no live loader"):
+        _rebuild("0" * 32, 0, 0, {})
+
+
 @pytest.mark.parametrize("persistent", [True, False])
 def test_broken_off_passes_free_their_slots(causal_cache, persistent):
     direct = ShardStream(causal_cache, view="graphs", batch_size=16, seed=4)

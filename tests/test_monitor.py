@@ -154,6 +154,16 @@ def test_low_gpu_util_with_fake_nvml(monkeypatch):
     assert sm.gpu_util_mean == 12.0 and sm.gpu_mem_used_gb == 3.0 and not sm.data_bound
 
 
+def test_low_gpu_warning_shows_the_value_it_checked():
+    """The warning's text shows the utilisation that was compared with the threshold (a GPU run
+    printed "averaged 42% (< 30%)": the check read fresh samples, the text an older summary)."""
+    from loaders.monitor_summary import low_gpu_advice
+
+    sm = types.SimpleNamespace(gpu_util_mean=42.0, wall_s=0.3, data_bound=True)
+    assert "averaged 16% (< 30%)" in low_gpu_advice(sm, 30, 16.4)  # type: ignore[arg-type]
+    assert "averaged 42% (< 30%)" in low_gpu_advice(sm, 30)  # type: ignore[arg-type]
+
+
 def test_tqdm_postfix_and_leaving_the_loop_early():
     monitor = StallMonitor(sample_every_s=None, warn=None)
     assert set(monitor.postfix()) >= {"wait", "b/s"}

@@ -48,7 +48,7 @@ def test_workers_share_each_pool_and_give_the_batches_of_0_workers(graphs: Path,
     """2 and 3 persistent workers over 2 epochs: every graph decoded exactly once per epoch in all
     (it was once per worker), no batch built privately, and the batches of 0 workers."""
     want = _epochs(make_loader(_twins(graphs), num_workers=0), 2)
-    loader = make_loader(_twins(graphs), num_workers=workers, persistent_workers=True)
+    loader = make_loader(_twins(graphs), num_workers=workers, shared_pools=True, persistent_workers=True)
     got = _epochs(loader, 2)
     assert all_batches_equal(want, got)
     shared = loader.dataset.shared_pools
@@ -64,7 +64,7 @@ def test_mel_segments_share_pools_across_passes_of_fresh_workers(mels: Path) -> 
         return ShardStream(mels, view="mel", batch_size=512, shuffle=True, seed=2, mix=128)
 
     want = _epochs(make_loader(stream(), num_workers=0), 2)
-    loader = make_loader(stream(), num_workers=2, persistent_workers=False)
+    loader = make_loader(stream(), num_workers=2, shared_pools=True, persistent_workers=False)
     got = []
     for e in range(2):
         loader.set_epoch(e)
@@ -77,7 +77,7 @@ def test_too_few_regions_fall_back_to_private_decoding(graphs: Path) -> None:
     """With one shared region (a batch touching two pools cannot fit), workers build those batches
     from their private stores: the batches do not change, and no worker waits for ever."""
     want = _epochs(make_loader(_twins(graphs), num_workers=0), 1)
-    loader = make_loader(_twins(graphs), num_workers=2, persistent_workers=True)
+    loader = make_loader(_twins(graphs), num_workers=2, shared_pools=True, persistent_workers=True)
     big = loader.dataset.shared_pools
     small = SharedPools(big.fields, big.pool_size, 1, 2, big.lock)
     loader.dataset.shared_pools = small  # before the (persistent) workers start
@@ -99,7 +99,7 @@ def test_a_corrupt_pool_fails_cleanly_in_every_worker(graphs: Path, tmp_path: Pa
     mid = len(data) // 2
     data[mid : mid + 64] = bytes(64)  # zeros in the middle of a zstd frame of shard 0
     tar.write_bytes(bytes(data))
-    loader = make_loader(_twins(root), num_workers=2)
+    loader = make_loader(_twins(root), num_workers=2, shared_pools=True)
     t0 = time.monotonic()
     with pytest.raises(ShardCorruptError) as info:
         for _ in loader:
@@ -111,16 +111,32 @@ def test_a_corrupt_pool_fails_cleanly_in_every_worker(graphs: Path, tmp_path: Pa
 def test_views_without_pools_get_none(graphs: Path) -> None:
     """Only views that keep pools decoded get shared pools (graphs: per-batch blocks), and only
     with 2 or more workers."""
-    assert make_loader(ShardStream(graphs, view="graphs", batch_size=32), num_workers=2).dataset.shared_pools is None
-    assert make_loader(_twins(graphs), num_workers=1).dataset.shared_pools is None
+    assert make_loader(ShardStream(graphs, view="graphs", batch_size=32), num_workers=2, shared_pools=True).dataset.shared_pools is None
+    assert make_loader(_twins(graphs), num_workers=1, shared_pools=True).dataset.shared_pools is None
+    assert make_loader(_twins(graphs), num_workers=2, shared_pools=True).dataset.shared_pools is not None
+    assert make_loader(_twins(graphs), num_workers=2, shared_pools=False).dataset.shared_pools is None
+
+
+def test_auto_shares_only_when_workers_outnumber_free_cores(graphs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Auto (``shared_pools=None``): shared when the workers and the main process outnumber the
+    usable cores (decoding once frees CPU), private with a core to spare for each worker (sharing
+    would only make workers wait on each other)."""
+    import loaders.loader as loader_mod
+
+    monkeypatch.setattr(loader_mod, "usable_cores", lambda: 2)
+    assert loader_mod.share_pools(None, 2) and loader_mod.share_pools(None, 8)
     assert make_loader(_twins(graphs), num_workers=2).dataset.shared_pools is not None
+    monkeypatch.setattr(loader_mod, "usable_cores", lambda: 16)
+    assert loader_mod.share_pools(None, 16) and not loader_mod.share_pools(None, 15) and not loader_mod.share_pools(None, 2)
+    assert make_loader(_twins(graphs), num_workers=2).dataset.shared_pools is None
+    assert loader_mod.share_pools(True, 2) and not loader_mod.share_pools(False, 16)
 
 
 def test_spawned_workers_share_pools_too(graphs: Path) -> None:
     """Workers started with ``spawn`` (not ``fork``) receive the shared memory and the lock through
     the DataLoader's pickling: the same batches, each graph decoded once."""
     want = _epochs(make_loader(_twins(graphs), num_workers=0), 1)
-    loader = make_loader(_twins(graphs), num_workers=2, multiprocessing_context="spawn")
+    loader = make_loader(_twins(graphs), num_workers=2, shared_pools=True, multiprocessing_context="spawn")
     got = _epochs(loader, 1)
     assert all_batches_equal(want, got)
     assert loader.dataset.shared_pools.decoded == GRAPHS and loader.dataset.shared_pools.private_batches == 0
@@ -136,7 +152,7 @@ def test_a_cache_that_grows_under_persistent_workers_keeps_sharing(graphs: Path,
     root = tmp_path / "c"
     shutil.copytree(graphs, root)
     ref = make_loader(_twins(root), num_workers=0)
-    loader = make_loader(_twins(root), num_workers=2, persistent_workers=True)
+    loader = make_loader(_twins(root), num_workers=2, shared_pools=True, persistent_workers=True)
     shared = loader.dataset.shared_pools
     want, got, decoded = [], [], []
     for e in range(2):

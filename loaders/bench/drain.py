@@ -100,7 +100,9 @@ def drain(
     """Run ``consume`` over batches (epoch after epoch) under a StallMonitor until a limit; ``(summary, batches)``.
 
     ``make_batches(epoch)`` gives an epoch's batches, ``count(batch)`` its
-    samples. ``plot``: also draw the monitor's wait and throughput over steps to this PNG."""
+    samples. ``seconds`` counts from the end of the first (warm-up) batch, which the
+    monitor leaves out too, so a slow first step (CUDA and cuBLAS set-up) does not end
+    the run before anything was measured. ``plot``: also draw the monitor's wait and throughput over steps to this PNG."""
     monitor = StallMonitor(batch_size=count, warmup=1, sample_every_s=None, warn=None)
     done = 0
     t0 = time.perf_counter()
@@ -110,6 +112,8 @@ def drain(
             if consume is not None:
                 consume(batch)
             done += 1
+            if done == 1:  # the clock starts after the warm-up batch (a model's first step can take seconds)
+                t0 = time.perf_counter()
             if max_batches is not None and done >= max_batches:
                 break
             if seconds is not None and time.perf_counter() - t0 >= seconds:
