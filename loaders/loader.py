@@ -207,8 +207,9 @@ def usable_cores() -> int:
 def share_pools(choice: bool | None, workers: int) -> bool:
     """Whether ``workers`` DataLoader workers share decoded pools (``choice``: ``None`` is auto).
 
-    Auto shares when the workers and the main process do not all have a core of
-    their own (``workers + 1 > usable_cores()``): there each record decoded once
+    Auto shares when the workers and the main processes of this node's ranks do not
+    all have a core of their own (``(workers + 1) x LOCAL_WORLD_SIZE > usable_cores()``;
+    torchrun sets ``LOCAL_WORLD_SIZE``, 1 without it): there each record decoded once
     instead of once per worker is CPU freed for the others (mel 1.34x at 2 workers
     on 2 cores). With a core to spare for every worker, duplicated decodes run in
     parallel at no cost, while sharing makes workers wait on one another's decode:
@@ -216,7 +217,11 @@ def share_pools(choice: bool | None, workers: int) -> bool:
     (docs/DECISIONS.md, "Shared pools")."""
     if choice is not None:
         return bool(choice)
-    return workers + 1 > usable_cores()
+    try:
+        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local_ranks = 1
+    return (workers + 1) * local_ranks > usable_cores()
 
 
 def shm_free_bytes(path: str = SHM_PATH) -> int | None:

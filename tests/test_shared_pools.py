@@ -123,6 +123,7 @@ def test_auto_shares_only_when_workers_outnumber_free_cores(graphs: Path, monkey
     would only make workers wait on each other)."""
     import loaders.loader as loader_mod
 
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(loader_mod, "usable_cores", lambda: 2)
     assert loader_mod.share_pools(None, 2) and loader_mod.share_pools(None, 8)
     assert make_loader(_twins(graphs), num_workers=2).dataset.shared_pools is not None
@@ -130,6 +131,8 @@ def test_auto_shares_only_when_workers_outnumber_free_cores(graphs: Path, monkey
     assert loader_mod.share_pools(None, 16) and not loader_mod.share_pools(None, 15) and not loader_mod.share_pools(None, 2)
     assert make_loader(_twins(graphs), num_workers=2).dataset.shared_pools is None
     assert loader_mod.share_pools(True, 2) and not loader_mod.share_pools(False, 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # 8 ranks on this node (torchrun): 8 x (2 + 1) > 16 cores
+    assert loader_mod.share_pools(None, 2) and not loader_mod.share_pools(None, 1)
 
 
 def test_spawned_workers_share_pools_too(graphs: Path) -> None:
