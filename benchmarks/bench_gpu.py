@@ -1,6 +1,6 @@
 """The feeding path on a real CUDA GPU: H2D bandwidth, copy/compute overlap, trainers' wait and utilisation.
 
-    python benchmarks/bench_gpu.py --out gpu.json --md gpu.md      # ~6 minutes on a 16-core GPU machine
+    python benchmarks/bench_gpu.py --out gpu.json --md gpu.md      # ~6.5 minutes on a 16-core H100 machine (2 and 8 workers)
     python benchmarks/bench_gpu.py --quick                         # a short look (2 worker counts, 4 s runs)
     make gpu-check                                                 # the gpu tests, then this, one results file
 
@@ -13,7 +13,7 @@ Sections (each runs on its own; a failure is recorded and the next one runs):
   wall time of N steps vs the step alone, the copy alone and copy-then-step on one stream, and a
   profiler trace: the share of H2D copy time that ran while a compute kernel ran.
 * ``trainers``: ``examples/train_causal.py`` and ``examples/train_mel.py``, ours and ``--baseline``, with
-  2/4/8/12 DataLoader workers: wait fraction, mean GPU utilisation (NVML, sampled every 0.2 s),
+  2 and 8 DataLoader workers (``--workers 2,4,8,12`` for the whole sweep): wait fraction, mean GPU utilisation (NVML, sampled every 0.2 s),
   samples/s; the model's step alone on a GPU-resident batch for reference.
 * ``expand``: ``twins`` rows/s end to end on the GPU, compact + ``expand_compact`` vs the full-row view.
 * ``bench_cli``: ``cachebuild bench --consumer model`` (the CLI's own GPU consumer).
@@ -438,9 +438,9 @@ def section(r: dict[str, Any], name: str, fn: Callable[[], Any], limit_s: float 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 worker counts, 4 s per trainer run, smaller caches")
-    ap.add_argument("--workers", default="2,4,8,12", help="DataLoader worker counts for the trainer runs")
-    ap.add_argument("--seconds", type=float, default=10.0, help="wall time of each trainer run")
-    ap.add_argument("--sections", default="h2d,overlap,trainers,expand,bench_cli")
+    ap.add_argument("--workers", default="2,8", help="DataLoader worker counts for the trainer runs (2,4,8,12: the whole sweep, ~10 minutes)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="wall time of each trainer run (after its warm-up)")
+    ap.add_argument("--sections", default="h2d,overlap,expand,bench_cli,trainers", help="in this order by default: the short sections first, so a cut-off sweep loses only trainer runs")
     ap.add_argument("--root", default="/dev/shm/cachebuild-gpu-bench", help="where the caches are built (tmpfs)")
     ap.add_argument("--out", default=None, help="write every number as JSON here")
     ap.add_argument("--md", default=None, help="write the results table (markdown) here")
