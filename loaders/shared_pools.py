@@ -12,8 +12,11 @@ What: the loader allocates, before its workers start, ``regions`` shared
 buffers of one pool each (``pool_span + workers``: the pools one batch touches,
 plus one for each worker running a pool ahead) and a small control table, all
 in shared memory that pages in when first written. A worker that needs a pool
-claims a region under a lock, decodes the whole pool into it and marks it
-ready; the others wait for it (polling) and read the same rows. A region is
+claims a region under a lock; the pool is decoded in parts of
+:data:`PART_RECORDS` records, and every worker that needs the pool while parts
+are left takes the next part (under the lock) and decodes it, so workers help
+with a decode instead of waiting for it; the last part done marks the region
+ready, and a worker with no part left waits for that (polling). A region is
 reused for another pool only when no batch is reading it and every worker has
 moved past its pool (each worker publishes the first pool of the batch it is
 building). Batches do not change: the same records are decoded into the same
@@ -38,7 +41,10 @@ from loaders.slots import shared_bytes
 
 __all__ = ["SharedPools", "shared_pools_for"]
 
-_PLAN, _EPOCH, _POOL, _STATE, _USERS = range(5)  # columns of a region's control row
+_PLAN, _EPOCH, _POOL, _STATE, _USERS, _NEXT, _DONE, _ZERO = range(8)  # columns of a region's control row
+_COLS = 8
+PART_RECORDS = 128
+"""Records per part of a pool's decode: the unit workers share (a part is one ``read_block``)."""
 _EMPTY, _DECODING, _READY = 0, 1, 2
 _MAX_SHARE_OF_SHM = 0.25  # of /dev/shm's free space, at most, so a full tmpfs never faults a worker
 
@@ -46,12 +52,13 @@ _MAX_SHARE_OF_SHM = 0.25  # of /dev/shm's free space, at most, so a full tmpfs n
 class SharedPools:
     """``regions`` decoded pools of ``pool_size`` records, shared by ``workers`` processes (module docstring)."""
 
-    def __init__(self, fields: dict[str, tuple[tuple[int, ...], str]], pool_size: int, regions: int, workers: int, lock: Any, wait_s: float = 30.0):
+    def __init__(self, fields: dict[str, tuple[tuple[int, ...], str]], pool_size: int, regions: int, workers: int, lock: Any, wait_s: float = 30.0, part_records: int = PART_RECORDS):
         self.fields = dict(fields)
+        self.part_records = max(1, int(part_records))
         self.pool_size, self.regions, self.workers, self.wait_s = int(pool_size), int(regions), int(workers), float(wait_s)
         rows = self.pool_size * self.regions
         self._buffers = {k: shared_bytes(rows * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize) for k, (shape, dtype) in self.fields.items()}
-        self._control = shared_bytes(8 * (5 * self.regions + 3 * self.workers + 2))
+        self._control = shared_bytes(8 * (_COLS * self.regions + 3 * self.workers + 2))
         self.lock = lock
         self._views: dict[str, np.ndarray] | None = None
         self._mine: list[int] = []  # regions this process's current batch reads
@@ -70,8 +77,8 @@ class SharedPools:
             rows = self.pool_size * self.regions
             self._views = {k: self._buffers[k].numpy().view(dtype).reshape((rows,) + tuple(shape)) for k, (shape, dtype) in self.fields.items()}
         flat = self._control.numpy().view(np.int64)
-        ctrl = flat[: 5 * self.regions].reshape(self.regions, 5)
-        prog = flat[5 * self.regions : 5 * self.regions + 3 * self.workers].reshape(self.workers, 3)
+        ctrl = flat[: _COLS * self.regions].reshape(self.regions, _COLS)
+        prog = flat[_COLS * self.regions : _COLS * self.regions + 3 * self.workers].reshape(self.workers, 3)
         return self._views, ctrl, prog, flat[-2:]
 
     @property
@@ -106,7 +113,6 @@ class SharedPools:
         pools = np.unique(items.pool).tolist()
         claimed: dict[int, int] = {}
         region_of: dict[int, int] = {}
-        fresh: set[int] = set()
         with self.lock:
             # the pool this worker is at: the batch's first (the epoch's last batch wraps to pool 0 for its
             # padding rows, which is no reason to keep every pool between alive)
@@ -123,18 +129,15 @@ class SharedPools:
                         count[1] += 1
                         return None
                     r = victim
-                    if ctrl[r, _PLAN] == 0:  # never used: its shared pages are still zero
-                        fresh.add(r)
-                    ctrl[r] = (key[0], key[1], q, _DECODING, 0)
+                    fresh = ctrl[r, _PLAN] == 0  # never used: its shared pages are still zero
+                    ctrl[r] = (key[0], key[1], q, _DECODING, 0, 0, 0, 0 if fresh else 1)
                     claimed[q] = r
                 ctrl[r, _USERS] += 1
                 region_of[q] = r
         self._mine = list(region_of.values())
-        pending = list(claimed.values())
-        for q, r in claimed.items():
-            self._fill(r, items.pool_records(q), arrays, ctrl, count, decode, [] if r in fresh else zero, pending)
-            pending.remove(r)
-        if not self._wait_ready([r for q, r in region_of.items() if q not in claimed], ctrl):
+        for q, r in region_of.items():  # decode the parts left of every pool not ready yet (ours or another's)
+            self._help(r, items.pool_records(q), arrays, ctrl, count, decode, zero, list(claimed.values()))
+        if not self._wait_ready(list(region_of.values()), ctrl):
             self.done()
             with self.lock:
                 count[1] += 1
@@ -142,31 +145,48 @@ class SharedPools:
         region = np.array([region_of[q] for q in items.pool.tolist()], np.int64) if len(items.pool) else np.zeros(0, np.int64)
         return arrays, region * self.pool_size + items.pool_index
 
-    def _fill(self, r: int, ids: np.ndarray, arrays: dict[str, np.ndarray], ctrl: np.ndarray, count: np.ndarray, decode: Callable[..., None], zero: list[str], pending: list[int]) -> None:
-        """Decode pool records ``ids`` into region ``r`` (claimed by this process) and mark it ready.
+    def _help(self, r: int, ids: np.ndarray, arrays: dict[str, np.ndarray], ctrl: np.ndarray, count: np.ndarray, decode: Callable[..., None], zero: list[str], claimed: list[int]) -> None:
+        """Decode parts of pool records ``ids`` into region ``r`` while parts are left; the last part
+        done marks the region ready (a region already ready, or emptied by a failed decode, is left).
 
-        On an error every region of ``pending`` (``r`` and the ones this batch claimed but has not
-        filled yet) is marked empty: left ``DECODING`` they could never be reused, and another
-        worker needing one of those pools would wait ``wait_s`` for a decode nobody runs.
+        On an error the region and every region this batch claimed that is not ready yet are marked
+        empty: left ``DECODING`` they could never be reused, and a worker needing one of those pools
+        would wait ``wait_s`` for a decode nobody runs. Workers still decoding a part of such a
+        region keep their use of it until they finish, so it is not reused under them.
         """
-        lo = r * self.pool_size
-        try:
-            for k in zero:  # the rows this pool uses (regions are sized for mix; rows past the pool are never read)
-                arrays[k][lo : lo + len(ids)] = 0
-            decode(ids, lo + np.arange(len(ids), dtype=np.int64), arrays)
-        except BaseException:
+        step = self.part_records
+        lo, parts = r * self.pool_size, max(1, -(-len(ids) // step))  # an empty pool: one empty part
+        while True:
             with self.lock:
-                ctrl[pending, _STATE] = _EMPTY  # workers waiting on them give up on them (and release their use)
-                for taken in self._mine:
-                    ctrl[taken, _USERS] -= 1
-            self._mine = []
-            raise
-        with self.lock:
-            ctrl[r, _STATE] = _READY
-            count[0] += len(ids)
+                if ctrl[r, _STATE] != _DECODING or ctrl[r, _NEXT] >= parts:
+                    return
+                part = int(ctrl[r, _NEXT])
+                ctrl[r, _NEXT] += 1
+                clear = bool(ctrl[r, _ZERO])
+            a, b = part * step, min(len(ids), (part + 1) * step)
+            try:
+                for k in zero if clear else ():  # the rows this part uses (regions are sized for mix; rows past the pool are never read)
+                    arrays[k][lo + a : lo + b] = 0
+                if b > a:
+                    decode(ids[a:b], lo + np.arange(a, b, dtype=np.int64), arrays)
+            except BaseException:
+                with self.lock:
+                    bad = [q for q in {r, *claimed} if ctrl[q, _STATE] == _DECODING]
+                    ctrl[bad, _STATE] = _EMPTY  # workers waiting on them give up on them (and release their use)
+                    for taken in self._mine:
+                        ctrl[taken, _USERS] -= 1
+                self._mine = []
+                raise
+            with self.lock:
+                if ctrl[r, _STATE] != _DECODING:
+                    return
+                ctrl[r, _DONE] += 1
+                count[0] += b - a
+                if ctrl[r, _DONE] == parts:
+                    ctrl[r, _STATE] = _READY
 
     def _wait_ready(self, regions: list[int], ctrl: np.ndarray) -> bool:
-        """Wait until another worker's decode of each of ``regions`` is ready; ``False`` on a timeout or a failed decode."""
+        """Wait until every one of ``regions`` is ready (the parts other workers decode); ``False`` on a timeout or a failed decode."""
         deadline = time.monotonic() + self.wait_s
         for r in regions:
             while ctrl[r, _STATE] != _READY:

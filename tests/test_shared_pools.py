@@ -202,3 +202,62 @@ def test_a_failed_decode_frees_every_region_its_batch_claimed(graphs: Path) -> N
     store.attach(None, 0)
     mine, rows = store.rows(stream._shards(), items)  # the private store's decode: the same records
     assert all(np.array_equal(arrays[k][where], mine[k][rows]) for k in arrays)
+
+
+def test_workers_help_decode_a_pool_instead_of_waiting(graphs: Path) -> None:
+    """Two workers (threads here, each with its own handle on the same shared memory) need one pool at
+    once: the second takes parts of the first's decode instead of waiting for all of it. Both get the
+    rows a private store decodes, and each record is decoded once in all."""
+    import copy
+    import threading
+
+    import numpy as np
+
+    stream = _twins(graphs)
+    plan = stream.plan(0)
+    items = next(it for it in map(plan.batch, range(plan.batches)) if len(np.unique(it.pool)) == 1)
+    store = stream.view.store
+    fields = {k: (tuple(d.shape), np.dtype(d.dtype).name) for k, d in store.fields.items()}
+    zero = [k for k, f in store.fields.items() if f.zero]
+    pools = SharedPools(fields, plan.pool_size, plan.pool_span + 2, 2, threading.Lock(), wait_s=30.0, part_records=4)
+    handles = [pools, copy.copy(pools)]
+    parts: list[list[int]] = [[], []]
+    got: list = [None, None]
+
+    def run(w: int) -> None:
+        shards = _twins(graphs)._shards()
+
+        def decode(ids, rows, arrays) -> None:
+            parts[w].append(len(ids))
+            time.sleep(0.02)  # a slow part: the other worker arrives while parts are left
+            store.decode(shards, ids, arrays, rows)
+
+        got[w] = handles[w].take(items, w, decode, zero)
+        handles[w].done()
+
+    first = threading.Thread(target=run, args=(0,))
+    first.start()
+    time.sleep(0.01)
+    second = threading.Thread(target=run, args=(1,))
+    second.start()
+    first.join(60)
+    second.join(60)
+    records = len(items.pool_records(int(items.pool[0])))
+    assert parts[0] and parts[1], parts  # both decoded parts of the one pool
+    assert sum(parts[0]) + sum(parts[1]) == records == pools.decoded and pools.private_batches == 0
+    store.attach(None, 0)
+    mine, rows = store.rows(stream._shards(), items)
+    for arrays, where in got:
+        assert all(np.array_equal(arrays[k][where], mine[k][rows]) for k in arrays)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_pools_decoded_in_small_parts_give_the_batches_of_0_workers(graphs: Path, workers: int) -> None:
+    """Real DataLoader workers with pools cut into parts of 5 records (12 per pool of 60): the
+    batches of 0 workers, each graph decoded once per epoch, no batch built privately."""
+    want = _epochs(make_loader(_twins(graphs), num_workers=0), 2)
+    loader = make_loader(_twins(graphs), num_workers=workers, shared_pools=True, persistent_workers=True)
+    loader.dataset.shared_pools.part_records = 5  # before the (persistent) workers start
+    got = _epochs(loader, 2)
+    assert all_batches_equal(want, got)
+    assert loader.dataset.shared_pools.decoded == 2 * GRAPHS and loader.dataset.shared_pools.private_batches == 0
