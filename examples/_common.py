@@ -1,4 +1,4 @@
-"""Shared bits of the example trainers: device choice, monitor summary printing."""
+"""Shared bits of the example trainers: device choice, opening the cache, monitor summary printing."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from cachebuild.errors import CacheBuildError
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))  # the users' own pipeline lives there (for --baseline)
@@ -16,6 +18,18 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def open_stream(cache: str, view: str, build_hint: str, **options):
+    """``ShardStream(cache, view, ...)``, or one line and exit 2 when ``cache`` is missing or of
+    the wrong kind (a traceback is no way to tell a new user to build the cache first)."""
+    from loaders import ShardStream
+
+    try:
+        return ShardStream(cache, view=view, **options)
+    except (CacheBuildError, ValueError) as exc:
+        print(f"error: {exc}\na cache for this example: {build_hint}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def print_summary(title: str, summary, extra: dict | None = None) -> dict:

@@ -22,11 +22,12 @@ import time
 import torch
 from torch import nn
 
-from _common import pick_device, print_summary
-from loaders import ShardStream, make_loader, to_device
+from _common import open_stream, pick_device, print_summary
+from loaders import make_loader, to_device
 from loaders.monitor import StallMonitor
 
 SHARED = {"auto": None, "on": True, "off": False}  # make_loader(shared_pools=...)
+CAUSAL_HINT = "cachebuild generate --graphs 5000 --out {cache}   (make demo builds cache/demo)"
 
 
 class TwinMLP(nn.Module):
@@ -47,7 +48,7 @@ class TwinMLP(nn.Module):
 
 
 def batches_ours(args, device):
-    stream = ShardStream(args.cache, view="twins", batch_size=args.batch_size, shuffle=True, seed=args.seed, compact=True)
+    stream = open_stream(args.cache, "twins", CAUSAL_HINT.format(cache=args.cache), batch_size=args.batch_size, shuffle=True, seed=args.seed, compact=True)
     loader = make_loader(stream, num_workers=args.workers, handover=args.handover, shared_pools=SHARED[args.shared_pools])
     n = stream.manifest.schema("adj").max_shape[0]
 

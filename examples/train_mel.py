@@ -37,12 +37,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from _common import pick_device, print_summary
+from _common import open_stream, pick_device, print_summary
 from loaders import ShardStream, make_loader, to_device
 from cachebuild.mel.voting import file_confusion, file_votes, leak_label_id
 from loaders.monitor import StallMonitor
 
 SHARED = {"auto": None, "on": True, "off": False}  # make_loader(shared_pools=...)
+MEL_HINT = "cachebuild mel --synthetic 500 --out {cache}"
 
 
 class MelCNN(nn.Module):
@@ -69,7 +70,7 @@ class MelCNN(nn.Module):
 def batches_ours(args, device, epoch: int, state: dict):
     """The ``mel`` view of epoch ``epoch``: (segments, leak target, weight of real rows)."""
     if "loader" not in state:
-        stream = ShardStream(args.cache, view="mel", batch_size=args.batch_size, shuffle=True, seed=args.seed)
+        stream = open_stream(args.cache, "mel", MEL_HINT.format(cache=args.cache), batch_size=args.batch_size, shuffle=True, seed=args.seed)
         state["loader"] = make_loader(stream, num_workers=args.workers, shared_pools=SHARED[args.shared_pools])
         state["leak"] = leak_label_id(stream.manifest)
     loader, leak = state["loader"], state["leak"]
@@ -84,7 +85,7 @@ def batches_ours(args, device, epoch: int, state: dict):
 
 def evaluate_ours(args, model, device) -> dict:
     """Every file once, through ``mel_files``: one model call per batch of files, one vectorised vote."""
-    stream = ShardStream(args.cache, view="mel_files", batch_size=args.eval_files, shuffle=False)
+    stream = open_stream(args.cache, "mel_files", MEL_HINT.format(cache=args.cache), batch_size=args.eval_files, shuffle=False)
     leak = leak_label_id(stream.manifest)
     L, S, M, T = stream.view.max_shape
     decisions, labels, pads = [], [], []

@@ -150,8 +150,10 @@ def plot_steps(traces: Sequence[tuple[np.ndarray, np.ndarray]], path: str | Path
     fig.suptitle(title or "data loading: wait per step and throughput")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, format="png", dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(path, format="png", dpi=100)
+    finally:
+        plt.close(fig)  # also when the write fails (a figure left open keeps its memory)
     return path
 
 

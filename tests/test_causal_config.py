@@ -39,6 +39,13 @@ def test_users_2026_01_15_toml_is_the_builtin_default() -> None:
         assert set(data[section]) == set(table), section
 
 
+def test_causal_default_toml_is_the_builtin_default() -> None:
+    """Issue 2 names the default recipe ``configs/causal-default.toml``: it must exist and equal the default."""
+    data = tomllib.loads((CONFIGS / "causal-default.toml").read_text())
+    assert parse_causal_config(data) == CausalConfig()
+    assert data == tomllib.loads((CONFIGS / "causal-users-2026-01-15.toml").read_text())
+
+
 def test_recipes_spell_out_every_key() -> None:
     keys = {section: set(table) for section, table in CausalConfig().to_dict().items()}
     for name in ("causal-users-2026-01-06.toml", "causal-rich.toml"):

@@ -139,6 +139,16 @@ def test_generate_without_config_uses_the_users_2026_01_15_recipe(tmp_path):
     assert read_manifest(tmp_path / "d").config == want.to_dict()
 
 
+def test_generate_with_causal_default_toml_builds_the_default_cache(tmp_path):
+    """Issue 2's `--config configs/causal-default.toml` gives the bytes of a build without --config."""
+    recipe = str(Path(__file__).resolve().parent.parent / "configs" / "causal-default.toml")
+    plain, named = tmp_path / "plain", tmp_path / "named"
+    for out, extra in ((plain, []), (named, ["--config", recipe])):
+        r = _run(["generate", "--graphs", "30", "--seed", "2", "--out", str(out), "-q", "-j", "1", *extra])
+        assert r.exit_code == 0, r.output
+    assert _hashes(named) == _hashes(plain)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigkill_mid_build_then_resume_is_byte_identical(tmp_path):

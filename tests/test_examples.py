@@ -40,6 +40,17 @@ def mel_cache(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.parametrize("script", ["train_causal.py", "train_mel.py"])
+def test_example_without_a_cache_says_how_to_build_one(tmp_path, script, causal_cache, mel_cache):
+    """A missing cache, or one of the other kind, is one error line and the command that builds one (exit 2), not a traceback."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
+    other = mel_cache if script == "train_causal.py" else causal_cache
+    for cache in (tmp_path / "nothing", other):
+        r = subprocess.run([sys.executable, str(EXAMPLES / script), "--cache", str(cache), "--steps", "1", "--device", "cpu"], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith("error: ") and f"--out {cache}" in r.stderr, r.stderr
+
+
 def test_train_causal_ours(causal_cache):
     d = _run("train_causal.py", "--cache", str(causal_cache), "--steps", "4", "--batch-size", "256", "--hidden", "32", "--workers", "0")
     assert d["steps"] == 3 and d["final_loss"] == d["final_loss"]  # 4 steps, 1 warm-up; loss not NaN

@@ -96,6 +96,24 @@ def test_mel_files_round_trip(mel_cache, h5_data):
     assert np.array_equal(_cat(batches, "waveform"), waves[fid])
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mel_files_offsets_slice_each_files_segments(mel_cache, h5_data, workers):
+    """Issue 4: whole files in batches *with offsets*: rows offsets[f]:offsets[f+1] of the flat segments are file f's."""
+    _, mel, _, _ = h5_data
+    loader = make_loader(ShardStream(mel_cache, view="mel_files", batch_size=8, shuffle=False), num_workers=workers)
+    seen = 0
+    for b in loader:
+        off = b["offsets"].numpy()
+        assert b["offsets"].dtype == torch.int64 and off.shape == (9,) and off[0] == 0
+        flat = b["mel"].reshape(-1, 1, M, T).numpy()
+        assert off[-1] == len(flat)
+        for f, fid in enumerate(b["file_id"].tolist()):
+            segs = flat[off[f] : off[f + 1]]
+            assert segs.view(np.uint16).tolist() == mel[fid].reshape(-1, 1, M, T).view(np.uint16).tolist()
+            seen += 1
+    assert seen >= F
+
+
 def test_mel_segments_round_trip_every_segment_once(mel_cache, h5_data):
     _, mel, labels, waves = h5_data
     B = 500

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import subprocess
 import struct
 import time
 import zlib
@@ -109,3 +112,46 @@ def test_bench_plot(tmp_path):
     _check_png(out)
     r = CliRunner().invoke(main, ["bench", str(cache), "--batches", "4", "--plot", str(tmp_path / "no" / "x.png")])
     assert r.exit_code == 5 and "does not exist" in r.output
+
+
+@contextlib.contextmanager
+def _tmpfs(where: Path, options: str):
+    """A real small tmpfs at ``where`` (root only), unmounted afterwards."""
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def test_bench_plot_into_a_read_only_folder_is_refused_before_the_run(tmp_path):
+    """An unwritable --plot folder is one line and exit 5 before the drain, not a traceback after it."""
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+    from loader_fixtures import build_causal
+
+    cache = build_causal(tmp_path / "cache", graphs=60)
+    with _tmpfs(tmp_path / "ro", "ro,size=64k") as ro:
+        t0 = time.perf_counter()
+        r = CliRunner().invoke(main, ["bench", str(cache), "--seconds", "30", "--workers", "0", "--plot", str(ro / "x.png")])
+        assert r.exit_code == 5 and "not writable" in r.output, r.output
+        assert time.perf_counter() - t0 < 25  # refused up front, not after the 30 s run
+
+
+def test_bench_plot_on_a_full_disk_is_one_line(tmp_path):
+    """A PNG that does not fit (a real 8 KiB tmpfs) is an OutputError, exit 5, not a traceback."""
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+    from loader_fixtures import build_causal
+
+    cache = build_causal(tmp_path / "cache", graphs=60)
+    with _tmpfs(tmp_path / "small", "size=8k") as small:
+        r = CliRunner().invoke(main, ["bench", str(cache), "--batches", "30", "--workers", "0", "--plot", str(small / "x.png")])
+    assert r.exit_code == 5 and "cannot write the PNG" in r.output, r.output
+    assert isinstance(r.exception, SystemExit), r.exception

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from cachebuild.errors import ConfigError
+from cachebuild.errors import ConfigError, OutputError
 from loaders.monitor import StallMonitor, StallSummary
 
 __all__ = ["drain", "make_consumer", "resolve_device", "ModelConsumer"]
@@ -123,5 +123,8 @@ def drain(
     summary = monitor.summary()
     monitor.close()
     if plot is not None:
-        monitor.plot(plot, title=f"cachebuild bench: {done} batches")
+        try:
+            monitor.plot(plot, title=f"cachebuild bench: {done} batches")
+        except OSError as exc:  # a disk that filled up or went read-only during the run
+            raise OutputError(f"--plot {plot}: cannot write the PNG: {exc.strerror or exc}") from None
     return summary, done

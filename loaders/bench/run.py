@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,8 @@ def _check_plot(plot: str | Path | None) -> Path | None:
     plot = Path(plot)
     if not plot.parent.is_dir():
         raise OutputError(f"--plot {plot}: folder {plot.parent} does not exist")
+    if not os.access(plot if plot.exists() else plot.parent, os.W_OK):  # checked before the run, not after it
+        raise OutputError(f"--plot {plot}: {'the file' if plot.exists() else f'folder {plot.parent}'} is not writable")
     return plot
 
 

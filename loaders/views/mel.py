@@ -47,7 +47,7 @@ defaults are 40 x 2 x 64 x 1, float16) and ``label`` (int16, 0-d).
     mel cache has the same ``L`` and ``S``, so the flat model input is a free
     ``reshape`` of the dense tensor, and the vote needs no offsets; a cache
     with varying ``L`` is zero-padded and ``long_mask`` says which windows
-    exist.)
+    exist. ``offsets`` is there for code written for the flat form.)
 
     =============  ==========================  ===========================================
     key            shape, dtype                meaning
@@ -56,6 +56,9 @@ defaults are 40 x 2 x 64 x 1, float16) and ``label`` (int16, 0-d).
     ``label``      ``[F]`` int64               label id
     ``file_id``    ``[F]`` int64               record id
     ``long_mask``  ``[F, L]`` bool             long window ``l`` exists in the file
+    ``offsets``    ``[F + 1]`` int64           file ``f``'s segments are rows ``offsets[f]:offsets[f+1]``
+                                               of ``mel.reshape(-1, 1, M, T)`` (and of the model's
+                                               flat output): ``f * L * S``
     ``is_pad``     ``[F]`` bool                a repeat that fills the epoch's last batch:
                                                drop these rows from metrics
     ``waveform``   ``[F, L, S, W]`` f32        samples (``waveform=True``)
@@ -227,6 +230,7 @@ class MelFilesView(_MelBase):
             "label": Field((F,), "int64"),
             "file_id": Field((F,), "int64"),
             "long_mask": Field((F, L), "bool"),
+            "offsets": Field((F + 1,), "int64"),
             "is_pad": Field((F,), "bool"),
         }
         if self.waveform:
@@ -243,6 +247,8 @@ class MelFilesView(_MelBase):
         out["label"][...] = block_labels(blocks["label"])[slot]
         out["file_id"][...] = items.records
         pad_mask(blocks["mel"].shapes[:, 0][slot], self.max_shape[0], out["long_mask"])
+        L, S = self.max_shape[:2]
+        out["offsets"][...] = np.arange(len(out["offsets"]), dtype=np.int64) * (L * S)
         out["is_pad"][...] = items.is_pad
 
 
