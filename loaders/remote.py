@@ -86,6 +86,9 @@ def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
         except urllib.error.HTTPError as exc:
             if exc.code in (404, 403, 401) or attempt == opts.retries:
                 raise RemoteError(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}") from exc
+        except (FileNotFoundError, PermissionError) as exc:  # fsspec's 404 / 403 (s3fs): a retry changes nothing
+            what = "not found" if isinstance(exc, FileNotFoundError) else "permission denied"
+            raise RemoteError(f"cannot fetch {url}: {what} ({exc})") from exc
         except (OSError, TimeoutError) as exc:
             if attempt == opts.retries:
                 raise RemoteError(f"cannot fetch {url} after {opts.retries + 1} attempts: {exc}") from exc
