@@ -124,6 +124,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._manifest_seen: tuple[tuple[int, int, int], int] | None = None  # manifest.json's (inode, mtime, size) and generation
         if self.mixture is not None and view_options.get("oversample") is not None:
             raise ConfigError("oversample= reads one cache's labels; a Mixture sets proportions with weights=")
+        if self.mixture is not None and view_options.get("bucket_by") is not None:
+            raise ConfigError("bucket_by= orders one cache's records by length; it does not apply to a Mixture")
         self.view = make_view(view, self.manifest, batch_size, **view_options)
         self.config = PlanConfig(view, batch_size, shuffle, seed, window, drop_last, self.view.options())
         self.fingerprint = self.mixture.fingerprint if self.mixture is not None else cache_fingerprint(self.manifest)
@@ -186,9 +188,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 plan = self.mixture.plan(epoch, self.items_per_record, c, self.view.mix, self.view.chunk)
             else:
                 order = epoch_order(self._counts, c.seed, epoch, c.shuffle, c.window)
-                repeats = self.view.record_repeats(self._shards, int(self._counts.sum()))  # class oversampling (loaders.oversample)
-                if repeats is not None:
-                    order = np.repeat(order, repeats[order])
+                order = self.view.arrange(order, self._shards, int(self._counts.sum()), c.seed, epoch, c.shuffle)  # oversampling, length buckets
                 plan = EpochPlan.from_order(order, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.drop_last, self.view.mix, self.view.chunk)
             self._plan_cache = ((self.generations, epoch), plan)
         return self._plan_cache[1]
