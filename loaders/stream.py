@@ -34,14 +34,13 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from cachebuild.errors import ConfigError
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.generations import Lease, generation_of
 from cachebuild.format.reader import ShardSet, check_shard_files, local_path
 from loaders.batch import Batch, Layout, PackedBatch
 from loaders.generations import open_newest
 from loaders.mixgrow import load_generations, refresh_generations, stream_generations, use_generations
-from loaders.mixture import Mixture, OpenMixture, open_mixture
+from loaders.mixture import Mixture, OpenMixture, open_mixture, refuse_single_cache_options
 from loaders.passes import Control, Progress
 from loaders.plan import DEFAULT_WINDOW, EpochPlan, epoch_order
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
@@ -122,10 +121,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._view_options = dict(view_options)
         self._warned_generations: set[int] = set()
         self._manifest_seen: tuple[tuple[int, int, int], int] | None = None  # manifest.json's (inode, mtime, size) and generation
-        if self.mixture is not None and view_options.get("oversample") is not None:
-            raise ConfigError("oversample= reads one cache's labels; a Mixture sets proportions with weights=")
-        if self.mixture is not None and view_options.get("bucket_by") is not None:
-            raise ConfigError("bucket_by= orders one cache's records by length; it does not apply to a Mixture")
+        if self.mixture is not None:
+            refuse_single_cache_options(view_options)  # oversample=, bucket_by=
         self.view = make_view(view, self.manifest, batch_size, **view_options)
         self.config = PlanConfig(view, batch_size, shuffle, seed, window, drop_last, self.view.options())
         self.fingerprint = self.mixture.fingerprint if self.mixture is not None else cache_fingerprint(self.manifest)
