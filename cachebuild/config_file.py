@@ -16,7 +16,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["load_toml", "apply_overrides", "set_key", "naming_recipe"]
+__all__ = ["load_toml", "apply_overrides", "set_key", "naming_recipe", "KEY_ALIASES", "canonical_keys"]
+
+KEY_ALIASES: dict[str, str] = {
+    "hop_length": "hop",  # torchaudio's MelSpectrogram names, as the users' mel builder calls it
+    "f_min": "fmin",
+    "f_max": "fmax",
+    "interventions.intervention_scale_range": "interventions.value_scale",  # the users' CausalDataset
+}
+"""The users' names of recipe keys (recipe file or ``--set``) -> ours; recipes and manifests
+store ours. Each alias lives in the same table as its key."""
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -59,14 +68,33 @@ def _parse_value(text: str) -> Any:
             return text
 
 
-def apply_overrides(doc: Mapping[str, Any], overrides: Iterable[str] = (), values: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A copy of ``doc`` with ``KEY=VALUE`` strings and typed ``values`` (None = not given) applied."""
+def canonical_keys(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``doc`` with the keys of :data:`KEY_ALIASES` renamed to ours; a table that gives
+    both spellings of one setting is a ConfigError naming both."""
     out = copy.deepcopy(dict(doc))
+    for alias, key in KEY_ALIASES.items():
+        *path, name = alias.split(".")
+        node: Any = out
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or name not in node:
+            continue
+        ours = key.rsplit(".", 1)[-1]
+        if ours in node:
+            raise ConfigError(f"config keys '{alias}' and '{key}' are one setting ('{alias}' is the users' name for '{key}'): give one of them")
+        node[ours] = node.pop(name)
+    return out
+
+
+def apply_overrides(doc: Mapping[str, Any], overrides: Iterable[str] = (), values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of ``doc`` with ``KEY=VALUE`` strings and typed ``values`` (None = not given) applied;
+    keys the users name otherwise (:data:`KEY_ALIASES`) are ours in the result."""
+    out = canonical_keys(doc)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form KEY=VALUE (e.g. graph.edge_prob=0.4)")
         key, _, text = item.partition("=")
-        set_key(out, key.strip(), _parse_value(text.strip()))
+        set_key(out, KEY_ALIASES.get(key.strip(), key.strip()), _parse_value(text.strip()))
     for key, value in (values or {}).items():
         if value is not None:
             set_key(out, key, value)

@@ -60,9 +60,21 @@ from cachebuild.format.reader import LocalFiles, Locator, ShardSet, check_shard_
 from loaders.shards import RemoteFiles
 from loaders.state import PlanConfig, cache_fingerprint
 
-__all__ = ["Mixture", "Stage", "OpenMixture", "UnionFiles", "UnionShardSet", "union_manifest", "open_mixture"]
+__all__ = ["Mixture", "Stage", "OpenMixture", "UnionFiles", "UnionShardSet", "union_manifest", "open_mixture", "refuse_single_cache_options"]
+
+_SINGLE_CACHE_OPTIONS = {
+    "oversample": "oversample= reads one cache's labels; a Mixture sets proportions with weights=",
+    "bucket_by": "bucket_by= orders one cache's records by length; it does not apply to a Mixture",
+}
 
 T = TypeVar("T")
+
+
+def refuse_single_cache_options(view_options: Mapping[str, Any]) -> None:
+    """A view option that works on one cache's records only, given for a Mixture: one ConfigError."""
+    for key, why in _SINGLE_CACHE_OPTIONS.items():
+        if view_options.get(key) is not None:
+            raise ConfigError(why)
 
 
 def _name_of(root: Any) -> str:

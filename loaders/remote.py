@@ -86,6 +86,9 @@ def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
         except urllib.error.HTTPError as exc:
             if exc.code in (404, 403, 401) or attempt == opts.retries:
                 raise RemoteError(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}") from exc
+        except (FileNotFoundError, PermissionError) as exc:  # fsspec's 404 / 403 (s3fs): a retry changes nothing
+            what = "not found" if isinstance(exc, FileNotFoundError) else "permission denied"
+            raise RemoteError(f"cannot fetch {url}: {what} ({exc})") from exc
         except (OSError, TimeoutError) as exc:
             if attempt == opts.retries:
                 raise RemoteError(f"cannot fetch {url} after {opts.retries + 1} attempts: {exc}") from exc
@@ -206,14 +209,29 @@ class ShardFetcher:
         self._wanted: list[int] = []
         self._pos = 0
 
+    @staticmethod
+    def local_name(name: str, sha256: str) -> str:
+        """A fetched file's name in the local cache: the manifest's name after the start of its
+        sha256, so a file of an older cache at the same URL (rebuilt or overwritten, same names
+        and sizes) is never taken for this cache's file."""
+        return f"{sha256[:16]}-{name}"
+
+    def local_to_url(self, text: str) -> str:
+        """``text`` with this fetcher's local paths replaced by the URLs they came from."""
+        for e in self.manifest.shards:
+            for name, sha in ((e.name, e.sha256), (e.index, e.index_sha256)):
+                text = text.replace(str(self.cache.folder / self.local_name(name, sha)), f"{self.url}/{name}")
+        return text.replace(str(self.cache.folder), self.url)
+
     def _download(self, name: str, size: int, sha256: str, keep: set[str]) -> Path:
-        hit = self.cache.lookup(name, size)
+        local = self.local_name(name, sha256)
+        hit = self.cache.lookup(local, size)
         if hit is not None:
             return hit
         url = f"{self.url}/{name}"
 
         def get() -> Path:
-            tmp = self.cache.reserve(name, size, keep)
+            tmp = self.cache.reserve(local, size, keep)
             try:
                 h = hashlib.sha256()
                 got = 0
@@ -226,7 +244,7 @@ class ShardFetcher:
                     raise OSError(f"got {got} bytes, manifest says {size} (connection cut?)")
                 if h.hexdigest() != sha256:
                     raise ShardCorruptError(f"{url}: sha256 of the downloaded file differs from the manifest (corrupt at the source?)")
-                return self.cache.commit(tmp, name)
+                return self.cache.commit(tmp, local)
             finally:
                 tmp.unlink(missing_ok=True)
 
@@ -234,7 +252,7 @@ class ShardFetcher:
 
     def _fetch_shard(self, i: int) -> tuple[Path, Path]:
         e = self.manifest.shards[i]
-        keep = {e.name, e.index} | self._keep_names()
+        keep = self._local_names(i) | self._keep_names()
         idx = self._download(e.index, self._index_size(i), e.index_sha256, keep)
         tar = self._download(e.name, e.bytes, e.sha256, keep)
         return tar, idx
@@ -253,14 +271,17 @@ class ShardFetcher:
     def fetch_index(self, i: int) -> Path:
         """Local path of shard ``i``'s index alone (views that need only shapes read no tar)."""
         e = self.manifest.shards[i]
-        return self._download(e.index, self._index_size(i), e.index_sha256, {e.index} | self._keep_names())
+        return self._download(e.index, self._index_size(i), e.index_sha256, self._local_names(i) | self._keep_names())
+
+    def _local_names(self, i: int) -> set[str]:
+        e = self.manifest.shards[i]
+        return {self.local_name(e.name, e.sha256), self.local_name(e.index, e.index_sha256)}
 
     def _keep_names(self) -> set[str]:
         """The shard in use and the next ones to be used: never evicted by this process."""
         names: set[str] = set()
         for j in self._wanted[self._pos : self._pos + self.opts.prefetch + 1]:
-            e = self.manifest.shards[j]
-            names |= {e.name, e.index}
+            names |= self._local_names(j)
         return names
 
     def _submit(self, i: int) -> Future[tuple[Path, Path]]:

@@ -60,10 +60,9 @@ class RemoteFiles:
                     ) from exc
                 time.sleep(0.02 * (attempt + 1))
             except CacheBuildError as exc:  # checked in the local copy: name the file by its URL
-                folder = str(self.fetcher.cache.folder)
-                if folder not in str(exc):
+                if str(self.fetcher.cache.folder) not in str(exc):
                     raise
-                raise type(exc)(str(exc).replace(folder, self.root)) from exc
+                raise type(exc)(self.fetcher.local_to_url(str(exc))) from exc
         raise AssertionError("unreachable")
 
     def plan(self, shard_order: list[int]) -> None:

@@ -34,14 +34,13 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from cachebuild.errors import ConfigError
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.generations import Lease, generation_of
 from cachebuild.format.reader import ShardSet, check_shard_files, local_path
 from loaders.batch import Batch, Layout, PackedBatch
 from loaders.generations import open_newest
 from loaders.mixgrow import load_generations, refresh_generations, stream_generations, use_generations
-from loaders.mixture import Mixture, OpenMixture, open_mixture
+from loaders.mixture import Mixture, OpenMixture, open_mixture, refuse_single_cache_options
 from loaders.passes import Control, Progress
 from loaders.plan import DEFAULT_WINDOW, EpochPlan, epoch_order
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
@@ -122,8 +121,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._view_options = dict(view_options)
         self._warned_generations: set[int] = set()
         self._manifest_seen: tuple[tuple[int, int, int], int] | None = None  # manifest.json's (inode, mtime, size) and generation
-        if self.mixture is not None and view_options.get("oversample") is not None:
-            raise ConfigError("oversample= reads one cache's labels; a Mixture sets proportions with weights=")
+        if self.mixture is not None:
+            refuse_single_cache_options(view_options)  # oversample=, bucket_by=
         self.view = make_view(view, self.manifest, batch_size, **view_options)
         self.config = PlanConfig(view, batch_size, shuffle, seed, window, drop_last, self.view.options())
         self.fingerprint = self.mixture.fingerprint if self.mixture is not None else cache_fingerprint(self.manifest)
@@ -186,9 +185,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 plan = self.mixture.plan(epoch, self.items_per_record, c, self.view.mix, self.view.chunk)
             else:
                 order = epoch_order(self._counts, c.seed, epoch, c.shuffle, c.window)
-                repeats = self.view.record_repeats(self._shards, int(self._counts.sum()))  # class oversampling (loaders.oversample)
-                if repeats is not None:
-                    order = np.repeat(order, repeats[order])
+                order = self.view.arrange(order, self._shards, int(self._counts.sum()), c.seed, epoch, c.shuffle)  # oversampling, length buckets
                 plan = EpochPlan.from_order(order, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.drop_last, self.view.mix, self.view.chunk)
             self._plan_cache = ((self.generations, epoch), plan)
         return self._plan_cache[1]

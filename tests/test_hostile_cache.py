@@ -178,8 +178,31 @@ def swapped_shards(root: Path, doc: dict, outside: Path) -> None:
     b["first_record"] = a["records"]
 
 
+def _link_outside(key: str, shard: int) -> callable:
+    """Shard ``shard``'s tar or index replaced by a symbolic link to an exact copy outside the
+    cache: every size and hash still matches, so only the link itself can be refused."""
+
+    def edit(root: Path, doc: dict, outside: Path) -> None:
+        name = doc["shards"][shard][key]
+        victim = outside / ("victim.tar" if key == "name" else "victim.idx.npy")
+        victim.write_bytes((root / name).read_bytes())
+        (root / name).unlink()
+        (root / name).symlink_to(victim)
+
+    return edit
+
+
+def fifo_index(root: Path, doc: dict, outside: Path) -> None:
+    name = doc["shards"][0]["index"]
+    (root / name).unlink()
+    os.mkfifo(root / name)
+
+
 CASES = [
     # id, codec, edit, expected message (regex), actions that must fail
+    ("symlink-shard-outside", "zstd", _link_outside("name", 0), r"shard-00000\.tar is a symbolic link to .*outside/victim\.tar, outside the cache", ALL),
+    ("symlink-index-outside", "raw", _link_outside("index", 0), r"shard-00000\.idx\.npy(\.zst)? is a symbolic link to .*outside/victim\.idx\.npy, outside the cache", ALL),
+    ("fifo-index", "zstd", fifo_index, r"shard-00000\.idx\.npy(\.zst)?(: 0 bytes, manifest says| is not a regular file)", ALL),
     ("traversal-shard", "zstd", traversal_shard, r"shards\[0\]\.name = '\.\./outside/victim\.tar' is not a plain file name", ALL),
     ("absolute-shard", "zstd", absolute_shard, r"shards\[0\]\.name = '/.*victim\.tar' is not a plain file name", ALL),
     ("traversal-index", "zstd", traversal_index, r"shards\[1\]\.index = '\.\./outside/victim\.idx\.npy' is not a plain file name", ALL),

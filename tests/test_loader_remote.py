@@ -218,4 +218,7 @@ def test_s3_cache_through_s3fs_and_moto(remote_cache, tmp_path):
         for a, b in zip(loader, local, strict=True):
             assert batches_equal(a, b)
             seen += a["record_id"][~a["is_pad"]].tolist()
+        # a missing prefix is "not found" at once, not retried into an unexplained path (was: "after 2 attempts: cachebuild-test/nothere/manifest.json")
+        with pytest.raises(RemoteError, match=r"^cannot fetch s3://cachebuild-test/nothere/manifest\.json: not found"):
+            ShardStream("s3://cachebuild-test/nothere", view="graphs", batch_size=64, remote=opts)
     assert sorted(seen) == list(range(GRAPHS))

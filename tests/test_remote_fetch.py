@@ -77,7 +77,7 @@ def test_corrupt_remote_shard_is_refused(toy_cache, tmp_path):
         f.get(0)
         with pytest.raises(ShardCorruptError, match=m_name):
             f.get(1)
-    assert not list((tmp_path / "local").glob("**/shard-00001.tar"))  # never kept
+    assert not list((tmp_path / "local").glob("**/*shard-00001.tar"))  # never kept
     assert not list((tmp_path / "local").glob("**/.part-*"))
 
 
@@ -102,3 +102,38 @@ def test_file_larger_than_limit_is_refused(tmp_path):
     cache = LocalShardCache(tmp_path / "c", 1000)
     with pytest.raises(RemoteError, match="larger than the local cache limit"):
         cache.reserve("x.tar", 5000, set())
+
+
+def _records_sum(stream) -> tuple[int, float]:
+    ids, total = 0, 0.0
+    for batch in stream:
+        keep = ~batch["is_pad"]
+        ids += int(keep.sum())
+        total += float(batch["vec"][keep].double().sum())
+    return ids, total
+
+
+@pytest.mark.parametrize("verify", ["crc", "size"])
+def test_a_cache_rebuilt_at_the_same_url_is_fetched_again_not_served_stale(tmp_path, verify):
+    """Same names and sizes (a raw cache rebuilt with another seed): the local copies of the
+    old cache must not be taken for the new one's files (they were, by name and size alone)."""
+    from conftest import build_toy
+    from cachebuild.format.manifest import Codec
+    from loaders import ShardStream
+
+    served = tmp_path / "served"
+    build_toy(served, codec=Codec("none", 0), seed=0)
+    other = tmp_path / "other"
+    build_toy(other, codec=Codec("none", 0), seed=1)
+    old_m, new_m = fetch_manifest(f"file://{served}"), fetch_manifest(f"file://{other}")
+    assert [(e.bytes, e.index_bytes) for e in old_m.shards] == [(e.bytes, e.index_bytes) for e in new_m.shards]
+    opts = _opts(tmp_path, 1 << 30)
+
+    def stream(root):
+        return ShardStream(str(root), view="records", batch_size=64, shuffle=False, verify=verify, **({"remote": opts} if "://" in str(root) else {}))
+
+    with serve_folder(served) as (url, _):
+        assert _records_sum(stream(url)) == _records_sum(stream(served))  # the local cache now holds the old files
+        shutil.rmtree(served)
+        shutil.copytree(other, served)  # rebuilt in place: same URL, names and sizes
+        assert _records_sum(stream(url)) == _records_sum(stream(other))

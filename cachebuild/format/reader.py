@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, TypeVar
@@ -37,7 +38,7 @@ from cachebuild.format.packing import tar_order
 from cachebuild.format.manifest import Manifest, ShardEntry, read_manifest
 from cachebuild.format.names import record_key
 
-__all__ = ["VERIFY_MODES", "LocalFiles", "Locator", "OpenShard", "ShardSet", "check_shard_files", "local_path", "open_cache"]
+__all__ = ["VERIFY_MODES", "LocalFiles", "Locator", "OpenShard", "ShardSet", "check_shard_files", "confined_file", "local_path", "open_cache"]
 
 T = TypeVar("T")
 
@@ -54,6 +55,27 @@ def local_path(location: str | Path) -> Path:
     """A local folder given as a path or a ``file://`` URL."""
     s = str(location)
     return Path(s[len("file://") :]) if s.startswith("file://") else Path(s)
+
+
+def confined_file(root: Path, name: str) -> Path:
+    """``root / name`` for reading, refused with a :class:`ShardCorruptError` when it is a symbolic
+    link that leads outside ``root``, or anything but a regular file (a FIFO, a device): the
+    manifest's names are plain names (:mod:`cachebuild.format.limits`), and a stranger's folder
+    must not make a reader open a file elsewhere through a link. A missing file is left to the
+    caller's own message."""
+    path = root / name
+    try:
+        st = path.lstat()
+        target = path.resolve() if stat.S_ISLNK(st.st_mode) else path
+        if target is not path:
+            st = target.stat()
+    except FileNotFoundError:
+        return path
+    if target is not path and not target.is_relative_to(root.resolve()):
+        raise ShardCorruptError(f"{path} is a symbolic link to {target}, outside the cache {root}: a cache is read only inside its folder")
+    if not stat.S_ISREG(st.st_mode):
+        raise ShardCorruptError(f"{path} is not a regular file (a FIFO, device or folder): refused")
+    return path
 
 
 class Locator(Protocol):
@@ -82,10 +104,10 @@ class LocalFiles:
 
     def open(self, s: int, opener: Callable[[Path, Path], T]) -> T:
         e = self.manifest.shards[s]
-        return opener(self.root / e.name, self.root / e.index)
+        return opener(confined_file(self.root, e.name), confined_file(self.root, e.index))
 
     def open_index(self, s: int, reader: Callable[[Path], T]) -> T:
-        return reader(self.root / self.manifest.shards[s].index)
+        return reader(confined_file(self.root, self.manifest.shards[s].index))
 
     def plan(self, shard_order: list[int]) -> None:
         pass
@@ -118,7 +140,7 @@ def check_shard_files(manifest: Manifest, root: str | Path) -> None:
     root = local_path(root)
     for entry in manifest.shards:
         for name in (entry.name, entry.index):
-            if not (root / name).is_file():
+            if not confined_file(root, name).is_file():
                 raise ManifestError(f"shard file {root / name} listed in {root / 'manifest.json'} is missing (incomplete copy? rerun the build or the staging)")
         size = (root / entry.name).stat().st_size
         if size != entry.bytes:

@@ -52,13 +52,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--fixed", action="store_true", help="keep the cache-wide padded shape")
+    ap.add_argument("--bucket", action="store_true", help="batches of similar lengths (the records view's bucket_by): far less padding")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     device = pick_device(args.device)
     torch.manual_seed(args.seed)
-    stream = ShardStream(args.cache, view="records", batch_size=args.batch_size, shuffle=True, seed=args.seed, masks=False)
+    buckets = {"bucket_by": "states"} if args.bucket else {}
+    stream = ShardStream(args.cache, view="records", batch_size=args.batch_size, shuffle=True, seed=args.seed, masks=False, **buckets)
     loader = make_loader(stream, num_workers=args.workers)
     dim = stream.manifest.schema("target").max_shape[0]
     model = Pooled(dim, args.hidden).to(device)
@@ -89,7 +91,7 @@ def main() -> None:
     summary = monitor.summary()
     monitor.close()
     extra = {"final_loss": loss_v, "padding": sum(pads) / max(len(pads), 1), "total_s": time.perf_counter() - t0}
-    d = print_summary(f"sequences ({'cache-max' if args.fixed else 'batch-max'} padding) on {device}", summary, extra)
+    d = print_summary(f"sequences ({'cache-max' if args.fixed else 'batch-max'} padding{', length buckets' if args.bucket else ''}) on {device}", summary, extra)
     if args.json:
         print(json.dumps(d))
 

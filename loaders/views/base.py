@@ -59,6 +59,13 @@ class View:
         ``oversample``; ``shards()`` opens the cache only then); ``None``: every record once."""
         return None
 
+    def arrange(self, order: np.ndarray, shards: Callable[[], ShardSet], records: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+        """The epoch's record order as this view reads it: ``order`` (the shuffled record ids) with
+        each record repeated :meth:`record_repeats` times; a view may also regroup it (``records``'
+        ``bucket_by``). A pure function of its arguments and the cache, like the plan."""
+        repeats = self.record_repeats(shards, records)
+        return order if repeats is None else np.repeat(order, repeats[order])
+
     def decoded_fields(self) -> list[str]:
         """The stored fields :meth:`assemble` decodes (what a benchmark counts as the payload read).
 

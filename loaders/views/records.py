@@ -7,12 +7,16 @@ Batch keys (``B`` = batch size, ``M`` = the field's max shape from the manifest)
 * ``<field>_mask``: bool ``[B, *M]``, true inside the record's shape (varying fields, ``masks=True``);
 * ``record_id``: int64 ``[B]``; ``is_pad``: bool ``[B]`` (a repeat that fills the epoch's last batches).
 
+``bucket_by=FIELD`` groups records of similar size of that varying field into the same batches
+(:func:`loaders.ragged.bucket_order`, spans of ``bucket_batches`` batches), so that
+:func:`loaders.ragged.trim_to_batch_max` cuts most of the padding; shapes stay fixed without it.
+
 JSON fields are metadata and are not batched (read them with :func:`cachebuild.format.read_record`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -22,9 +26,22 @@ from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
 from loaders.plan import BatchItems
-from loaders.views.base import View, array_fields, copy_repeats, field_layout, require_fields
+from loaders.ragged import DEFAULT_BUCKET_BATCHES, bucket_order
+from loaders.views.base import ShapesFn, View, array_fields, copy_repeats, field_layout, require_fields
 
 __all__ = ["RecordsView", "shape_mask"]
+
+
+def _check_bucket(manifest: Manifest, field: str | None, batches: int) -> tuple[str | None, int]:
+    """``bucket_by`` must name a varying array field; ``bucket_batches`` a whole number >= 1."""
+    if isinstance(batches, bool) or not isinstance(batches, (int, np.integer)) or batches < 1:
+        raise ConfigError(f"view 'records': bucket_batches = {batches!r} must be a whole number of batches >= 1")
+    if field is None:
+        return None, int(batches)
+    varying = [f.name for f in array_fields(manifest) if f.varying_axes]
+    if field not in varying:
+        raise ConfigError(f"view 'records': bucket_by = {field!r} is not a field of varying shape in {manifest.root} (those: {varying or 'none'})")
+    return field, int(batches)
 
 
 def shape_mask(shapes: np.ndarray, max_shape: Sequence[int], out: np.ndarray) -> None:
@@ -41,7 +58,7 @@ class RecordsView(View):
 
     name = "records"
 
-    def __init__(self, manifest: Manifest, batch_size: int, fields: Sequence[str] | None = None, masks: bool = True):
+    def __init__(self, manifest: Manifest, batch_size: int, fields: Sequence[str] | None = None, masks: bool = True, bucket_by: str | None = None, bucket_batches: int = DEFAULT_BUCKET_BATCHES):
         super().__init__(manifest, batch_size)
         schemas = array_fields(manifest)
         if fields is not None:
@@ -53,9 +70,25 @@ class RecordsView(View):
             schemas = [f for f in schemas if f.name in wanted]
         self.schemas = schemas
         self.masks = masks
+        self.bucket_by, self.bucket_batches = _check_bucket(manifest, bucket_by, bucket_batches)
+        self._sizes: np.ndarray | None = None
 
     def options(self) -> dict[str, Any]:
-        return {"fields": [f.name for f in self.schemas], "masks": self.masks}
+        opts: dict[str, Any] = {"fields": [f.name for f in self.schemas], "masks": self.masks}
+        if self.bucket_by is not None:  # (absent when not asked: states saved before the option still load)
+            opts |= {"bucket_by": self.bucket_by, "bucket_batches": self.bucket_batches}
+        return opts
+
+    def bind(self, shapes: ShapesFn) -> None:
+        if self.bucket_by is not None:  # each record's size of that field, from the index alone
+            self._sizes = np.prod(shapes(self.bucket_by), axis=1, dtype=np.int64)
+        return None
+
+    def arrange(self, order: np.ndarray, shards: Callable[[], ShardSet], records: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+        order = super().arrange(order, shards, records, seed, epoch, shuffle)
+        if self._sizes is None:
+            return order
+        return bucket_order(order, self._sizes, self.batch_size, self.bucket_batches, seed, epoch, shuffle)
 
     def decoded_fields(self) -> list[str]:
         return [f.name for f in self.schemas]
