@@ -67,6 +67,8 @@ class BuildOptions:
     append: bool = False  # add a generation to the cache at ``out`` (see cachebuild.builder.append)
     keep: int | None = None  # with append: keep only the newest ``keep`` generations listed
     pack_given: bool = False  # codec.pack was asked for (not the default): an append refuses one that packs otherwise than the cache
+    seed_given: bool = True  # False: the seed is the default, and an append takes the cache's own
+    codec_given: bool = True  # False: codec name and level are the defaults, and an append takes the cache's own
 
     def validate(self) -> None:
         if not isinstance(self.records, int) or isinstance(self.records, bool) or not 1 <= self.records <= MAX_RECORDS:
