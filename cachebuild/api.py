@@ -102,46 +102,32 @@ def build(
     :mod:`cachebuild.builder.append`); ``keep=N`` then lists only the newest N
     generations and deletes older shards no reader holds.
     """
+    run: dict[str, Any] = {"workers": workers, "backend": backend, "address": address, "overwrite": overwrite, "progress": progress, "append": append, "keep": keep}
     if isinstance(what, RecordSource):
         if records is None:
             raise ConfigError("build(source, ...) needs records=N (how many records to make)")
-        opts = BuildOptions(
-            out=out,
-            records=records,
-            seed=0 if seed is None else seed,
-            codec=parse_codec(codec or "zstd", level, ("codec", "level", "pack"), DEFAULT_PACK if pack is None else pack),
-            shard_bytes=_shard_bytes(256 if shard_mb is None else shard_mb),
-            workers=workers,
-            backend=backend,
-            address=address,
-            overwrite=overwrite,
-            progress=progress,
-            append=append,
-            keep=keep,
-            pack_given=pack is not None,
-            seed_given=seed is not None,
-            codec_given=codec is not None or level is not None,
-        )
-        return build_cache(what, opts)
+        return build_cache(what, _source_options(out, records, seed, codec, level, pack, shard_mb, run))
     if not isinstance(what, (str, Path, Mapping)):
         raise ConfigError(f"build() takes a RecordSource or a recipe (TOML path or dict), got {type(what).__name__}")
     values = {"build.codec": codec, "build.level": level, "build.pack": pack, "build.shard_mb": shard_mb}
-    summary, _ = build_recipe(
-        what,
-        out,
-        overrides=overrides,
-        records=records,
-        seed=seed,
-        workers=workers,
-        backend=backend,
-        address=address,
-        overwrite=overwrite,
-        progress=progress,
-        append=append,
-        keep=keep,
-        build_values=values,
-    )
+    summary, _ = build_recipe(what, out, overrides=overrides, records=records, seed=seed, build_values=values, **run)
     return summary
+
+
+def _source_options(out: str | Path, records: int, seed: int | None, codec: str | None, level: int | None, pack: int | None, shard_mb: float | None, run: dict[str, Any]) -> BuildOptions:
+    """Build options for a :class:`RecordSource` passed directly; what is left out (None) is the default,
+    or with ``append`` the cache's own."""
+    return BuildOptions(
+        out=out,
+        records=records,
+        seed=0 if seed is None else seed,
+        codec=parse_codec(codec or "zstd", level, ("codec", "level", "pack"), DEFAULT_PACK if pack is None else pack),
+        shard_bytes=_shard_bytes(256 if shard_mb is None else shard_mb),
+        pack_given=pack is not None,
+        seed_given=seed is not None,
+        codec_given=codec is not None or level is not None,
+        **run,
+    )
 
 
 def _shard_bytes(shard_mb: Any) -> int:
