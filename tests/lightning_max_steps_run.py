@@ -2,7 +2,8 @@
 
 ``python tests/lightning_max_steps_run.py CACHE OUT TAG KIND MAX_STEPS [--ckpt PATH]`` trains a
 do-nothing model for at most ``MAX_STEPS`` steps, through :class:`loaders.lightning.StreamDataModule`
-(``KIND`` = ``ours``: the ``graphs`` view, batch 30, seed 3) or through a map-style dataset of the
+(``KIND`` = ``ours``: the ``graphs`` view, batch 30, seed 3; ``ours-stream``: the same stream
+passed itself, read by one worker) or through a map-style dataset of the
 same record ids with Lightning's own ``DistributedSampler`` (``KIND`` = ``map``, seed 3: what Lightning
 does with a dataset it knows), writes ``(current_epoch, batch_idx, ids)`` of every batch to
 ``OUT/TAG.jsonl`` and saves ``OUT/TAG.ckpt`` after ``fit`` returns (the checkpoint a user saves at
@@ -74,6 +75,8 @@ def main() -> None:
     ckpt = sys.argv[sys.argv.index("--ckpt") + 1] if "--ckpt" in sys.argv else None
     if kind == "ours":
         dm: pl.LightningDataModule = StreamDataModule(lambda: ShardStream(cache, view="graphs", batch_size=BATCH, seed=SEED), num_workers=0)
+    elif kind == "ours-stream":  # the stream itself rather than a function that makes it
+        dm = StreamDataModule(ShardStream(cache, view="graphs", batch_size=BATCH, seed=SEED), num_workers=1)
     else:
         dm = MapModule(ShardStream(cache, view="graphs", batch_size=BATCH).manifest.records)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)

@@ -72,10 +72,10 @@ def test_max_steps_mid_epoch_then_resume_matches_lightnings_own_sampler(cache: P
     want_first = [(0, i, 0, i) for i in range(4)]
     want_resumed = [(1, 4 + i, 1, i) for i in range(6)] + [(2, i, 2, i) for i in range(4)]
     got = {}
-    for kind in ("map", "ours"):
-        orders = _orders(cache, kind, 4)
+    for kind in ("map", "ours", "ours-stream"):
+        orders = _orders(cache, "map" if kind == "map" else "ours", 4)
         first = _pattern(_run(cache, tmp_path, f"{kind}-a", kind, 4), orders)
         resumed = _pattern(_run(cache, tmp_path, f"{kind}-b", kind, 14, "--ckpt", str(tmp_path / f"{kind}-a.ckpt")), orders)
         got[kind] = (first, resumed)
         assert (first, resumed) == (want_first, want_resumed), kind
-    assert got["ours"] == got["map"]
+    assert got["ours"] == got["map"] == got["ours-stream"]
