@@ -61,19 +61,17 @@ class StreamDataModule(pl.LightningDataModule):
 
     def __init__(self, train: Callable[[], ShardStream] | ShardStream, **loader_kwargs: Any):
         super().__init__()
-        if isinstance(train, ShardStream):  # a stream already made: its rank and world are read when iterated
-            stream = train
-            train = lambda: stream  # noqa: E731
-        elif not callable(train):
+        if not isinstance(train, ShardStream) and not callable(train):
             raise TypeError(f"StreamDataModule(train=...) takes a ShardStream or a function that makes one, got {type(train).__name__}")
-        self._make_train, self.loader_kwargs = train, loader_kwargs
+        self._train, self.loader_kwargs = train, loader_kwargs
         self.train_loader: StreamLoader | None = None
         self._pending: dict[str, Any] | None = None
         self._done_state: dict[str, Any] | None = None  # a loaded state whose epoch Lightning had finished
 
     def train_dataloader(self) -> StreamLoader:
         if self.train_loader is None:
-            self.train_loader = make_loader(self._make_train(), **self.loader_kwargs)
+            stream = self._train if isinstance(self._train, ShardStream) else self._train()  # a stream already made: its rank and world are read when iterated
+            self.train_loader = make_loader(stream, **self.loader_kwargs)
             self._guard(self.train_loader)
         if self._pending is not None:
             self._apply(self.train_loader, self._pending)
