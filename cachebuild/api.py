@@ -45,11 +45,15 @@ def build_recipe(
     progress: bool = True,
     append: bool = False,
     keep: int | None = None,
+    build_values: Mapping[str, Any] | None = None,
 ) -> tuple[BuildSummary, str]:
-    """Build the cache a recipe describes; returns the summary and the kind's unit (``graphs``, ...)."""
+    """Build the cache a recipe describes; returns the summary and the kind's unit (``graphs``, ...).
+
+    ``build_values`` are recipe keys set by flags or arguments (``{"build.codec": "none"}``; None: not
+    given), applied after ``overrides`` as ``generate``'s flags are: a flag overrides the recipe."""
     path = None if isinstance(recipe, Mapping) else recipe
     with naming_recipe(path, overrides):
-        kind, doc = read_recipe(recipe, overrides, {"seed": seed})
+        kind, doc = read_recipe(recipe, overrides, {"seed": seed, **(build_values or {})})
         if records is not None:
             doc[kind.count_key] = records
         parsed = parse_recipe(doc, kind.count_key, kind.default_codec)
@@ -74,22 +78,23 @@ def build(
     progress: bool = True,
     overwrite: bool = False,
     overrides: Iterable[str] = (),
-    codec: str = "zstd",
+    codec: str | None = None,
     level: int | None = None,
     pack: int | None = None,
-    shard_mb: float = 256,
+    shard_mb: float | None = None,
     address: str | None = None,
     append: bool = False,
     keep: int | None = None,
 ) -> BuildSummary:
     """Build (or resume, or confirm) a cache at ``out`` and return its :class:`BuildSummary`.
 
-    ``what`` is a :class:`RecordSource` (then ``records`` is required and
-    ``seed``, ``codec``, ``level``, ``pack`` (records per tar member, see
-    :mod:`cachebuild.format.packing`; default 256, with ``append`` the cache's own), ``shard_mb`` apply), or a recipe: a TOML
-    path or a dict, whose ``kind`` picks the source and whose ``[build]``
-    table sets codec and shard size (``overrides`` are ``"key=value"`` strings
-    as with ``--set``). Same inputs give byte-identical shards for any
+    ``what`` is a :class:`RecordSource` (then ``records`` is required; ``seed``
+    defaults to 0, ``codec`` to zstd, ``shard_mb`` to 256, ``pack`` (records per tar member, see
+    :mod:`cachebuild.format.packing`) to 256; with ``append`` a seed, codec, level or pack left
+    out is the cache's own), or a recipe: a TOML path or a dict, whose ``kind`` picks the source
+    and whose ``[build]`` table sets codec and shard size; ``codec``, ``level``, ``pack`` and
+    ``shard_mb`` given here override that table, as the CLI's flags do (``overrides`` are
+    ``"key=value"`` strings as with ``--set``). Same inputs give byte-identical shards for any
     ``workers`` and ``backend``; rerunning after an interruption finishes it.
 
     ``append=True`` adds ``records`` fresh records to the existing cache at
@@ -97,28 +102,34 @@ def build(
     :mod:`cachebuild.builder.append`); ``keep=N`` then lists only the newest N
     generations and deletes older shards no reader holds.
     """
+    run: dict[str, Any] = {"workers": workers, "backend": backend, "address": address, "overwrite": overwrite, "progress": progress, "append": append, "keep": keep}
     if isinstance(what, RecordSource):
         if records is None:
             raise ConfigError("build(source, ...) needs records=N (how many records to make)")
-        opts = BuildOptions(
-            out=out,
-            records=records,
-            seed=0 if seed is None else seed,
-            codec=parse_codec(codec, level, ("codec", "level", "pack"), DEFAULT_PACK if pack is None else pack),
-            shard_bytes=int(shard_mb * (1 << 20)),
-            workers=workers,
-            backend=backend,
-            address=address,
-            overwrite=overwrite,
-            progress=progress,
-            append=append,
-            keep=keep,
-            pack_given=pack is not None,
-        )
-        return build_cache(what, opts)
+        return build_cache(what, _source_options(out, records, seed, codec, level, pack, shard_mb, run))
     if not isinstance(what, (str, Path, Mapping)):
         raise ConfigError(f"build() takes a RecordSource or a recipe (TOML path or dict), got {type(what).__name__}")
-    summary, _ = build_recipe(
-        what, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=progress, append=append, keep=keep
-    )
+    values = {"build.codec": codec, "build.level": level, "build.pack": pack, "build.shard_mb": shard_mb}
+    summary, _ = build_recipe(what, out, overrides=overrides, records=records, seed=seed, build_values=values, **run)
     return summary
+
+
+def _source_options(out: str | Path, records: int, seed: int | None, codec: str | None, level: int | None, pack: int | None, shard_mb: float | None, run: dict[str, Any]) -> BuildOptions:
+    """Build options for a :class:`RecordSource` passed directly; what is left out (None) is the default,
+    or with ``append`` the cache's own."""
+    return BuildOptions(
+        out=out,
+        records=records,
+        seed=0 if seed is None else seed,
+        codec=parse_codec(codec or "zstd", level, ("codec", "level", "pack"), DEFAULT_PACK if pack is None else pack),
+        shard_bytes=_shard_bytes(256 if shard_mb is None else shard_mb),
+        pack_given=pack is not None,
+        seed_given=seed is not None,
+        codec_given=codec is not None or level is not None,
+        **run,
+    )
+
+
+def _shard_bytes(shard_mb: Any) -> int:
+    """``shard_mb`` in bytes, checked as the recipe's ``build.shard_mb`` is (a NaN or a negative size is refused)."""
+    return parse_recipe({"build": {"shard_mb": shard_mb}}).shard_bytes

@@ -38,6 +38,8 @@ def recipe_options(
         append=append,
         keep=keep,
         pack_given=recipe.pack_given,
+        seed_given=recipe.seed_given,
+        codec_given=recipe.codec_given,
     )
 
 

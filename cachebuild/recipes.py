@@ -38,6 +38,10 @@ class Recipe:
     workers: int | None
     pack_given: bool = False
     """The recipe names ``build.pack`` (an append refuses one that packs otherwise than the cache)."""
+    seed_given: bool = True
+    """The recipe (or ``--seed``) names ``seed``; an append left without one takes the cache's."""
+    codec_given: bool = True
+    """The recipe (or ``--codec`` / ``--level``) names ``build.codec`` or ``build.level``; an append left without them takes the cache's."""
 
 
 def _int(key: str, value: Any, minimum: int, maximum: int = 1 << 62) -> int:
@@ -80,4 +84,5 @@ def parse_recipe(doc: Mapping[str, Any], count_key: str = "graphs", default_code
     if codec.name == "none" and build.get("level") is not None:
         warnings.warn(f"build.level = {build['level']!r} has no effect: build.codec is 'none' (members are stored uncompressed; use --codec zstd to compress)", UserWarning, stacklevel=2)
     table = {k: v for k, v in doc.items() if k not in ("build", count_key)}
-    return Recipe(table, seed, count, codec, int(shard_mb * (1 << 20)), workers, "pack" in build)
+    given = ("pack" in build, "seed" in doc, "codec" in build or "level" in build)
+    return Recipe(table, seed, count, codec, int(shard_mb * (1 << 20)), workers, *given)

@@ -43,7 +43,8 @@ class StreamDataModule(pl.LightningDataModule):
     """The training loader of a :class:`ShardStream`, with its position in checkpoints.
 
     Args:
-        train: builds the training stream (called once, in each rank).
+        train: builds the training stream (called once, in each rank), or the stream itself
+            (its rank and world size are read when it is iterated, inside each rank).
         **loader_kwargs: passed to :func:`loaders.make_loader` (``num_workers``,
             ``prefetch_factor``, ``pin_memory``, ...).
 
@@ -58,16 +59,19 @@ class StreamDataModule(pl.LightningDataModule):
     resumes with the next epoch from its start, as Lightning's own counters do.
     """
 
-    def __init__(self, train: Callable[[], ShardStream], **loader_kwargs: Any):
+    def __init__(self, train: Callable[[], ShardStream] | ShardStream, **loader_kwargs: Any):
         super().__init__()
-        self._make_train, self.loader_kwargs = train, loader_kwargs
+        if not isinstance(train, ShardStream) and not callable(train):
+            raise TypeError(f"StreamDataModule(train=...) takes a ShardStream or a function that makes one, got {type(train).__name__}")
+        self._train, self.loader_kwargs = train, loader_kwargs
         self.train_loader: StreamLoader | None = None
         self._pending: dict[str, Any] | None = None
         self._done_state: dict[str, Any] | None = None  # a loaded state whose epoch Lightning had finished
 
     def train_dataloader(self) -> StreamLoader:
         if self.train_loader is None:
-            self.train_loader = make_loader(self._make_train(), **self.loader_kwargs)
+            stream = self._train if isinstance(self._train, ShardStream) else self._train()  # a stream already made: its rank and world are read when iterated
+            self.train_loader = make_loader(stream, **self.loader_kwargs)
             self._guard(self.train_loader)
         if self._pending is not None:
             self._apply(self.train_loader, self._pending)

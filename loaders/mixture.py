@@ -8,6 +8,7 @@ mix = Mixture({"n20": "/c/n20", "n35": "/c/n35", "n50": "/c/n50"},
                         Stage((4, None), {"n20": 1, "n35": 1, "n50": 2})])
 stream = ShardStream(mix, view="twins", batch_size=4096, compact=True)
 ShardStream(["/c/a", "/c/b"], view="graphs")           # shorthand (or a dict): every record of each, once per epoch
+ShardStream(["/c/a", "/c/b"], weights=[2, 1], view="graphs")   # shorthand with weights= (or schedule=, epoch_size=)
 ShardStream(Mixture(["/c/a", "/c/b"], weights=[0.8, 0.2], epoch_size=50_000), view="graphs")
 ```
 
@@ -60,7 +61,7 @@ from cachebuild.format.reader import LocalFiles, Locator, ShardSet, check_shard_
 from loaders.shards import RemoteFiles
 from loaders.state import PlanConfig, cache_fingerprint
 
-__all__ = ["Mixture", "Stage", "OpenMixture", "UnionFiles", "UnionShardSet", "union_manifest", "open_mixture", "refuse_single_cache_options"]
+__all__ = ["Mixture", "Stage", "OpenMixture", "UnionFiles", "UnionShardSet", "union_manifest", "open_mixture", "refuse_single_cache_options", "mixture_root"]
 
 _SINGLE_CACHE_OPTIONS = {
     "oversample": "oversample= reads one cache's labels; a Mixture sets proportions with weights=",
@@ -93,7 +94,8 @@ class Mixture:
             order); ``None``: the caches' sizes (every record once per epoch).
         epoch_size: records per epoch (default: the records of the caches weighted > 0).
         schedule: a list of :class:`Stage` instead of ``weights``/``epoch_size``:
-            weights per range of epochs, covering every epoch from 0 (a curriculum).
+            weights per range of epochs, covering every epoch from 0 (a curriculum);
+            or ``{first_epoch: weights}``, each until the next key (the last open-ended).
 
     Weights become counts and records as :mod:`loaders.schedule` says. Bad input
     (unknown cache, weights negative, NaN or all zero, a schedule with a gap or an
@@ -103,7 +105,7 @@ class Mixture:
     caches: Mapping[str, Any] | Sequence[Any]
     weights: Weights = None
     epoch_size: int | None = None
-    schedule: Sequence[Stage] | None = None
+    schedule: Sequence[Stage] | Mapping[int, Weights] | None = None
 
     def __post_init__(self) -> None:
         names, roots = self._parse_caches(self.caches)
@@ -143,7 +145,7 @@ class Mixture:
 
     @property
     def stages(self) -> tuple[Stage, ...]:
-        return tuple(self.schedule or ())
+        return tuple(cast(Sequence[Stage], self.schedule or ()))  # checked stages after __post_init__
 
 
 class UnionFiles:
@@ -356,6 +358,24 @@ class OpenMixture:
         for name, fp_saved, fp_now, root, g in zip(self.names, theirs, self.fingerprints, self.roots, self.generations):
             if fp_saved != fp_now:
                 raise CacheMismatchError(f"loader state was saved with another cache {name!r}: fingerprint {str(fp_saved)[:12]}..., now {root} (generation {g}) is {fp_now[:12]}...")
+
+
+MIXTURE_OPTIONS = ("weights", "epoch_size", "schedule")
+
+
+def mixture_root(root: Any, options: dict[str, Any]) -> Any:
+    """``ShardStream([a, b], weights=..., schedule=..., epoch_size=...)``: the short form of
+    ``ShardStream(Mixture([a, b], ...))``. Pops those keys from ``options`` (the stream's view
+    options) and returns the :class:`Mixture` they make, or ``root`` unchanged when none is given;
+    given with one cache, or beside a :class:`Mixture` (which has its own), they are refused."""
+    given = {k: options.pop(k) for k in MIXTURE_OPTIONS if k in options}
+    if not given:
+        return root
+    if isinstance(root, Mixture):
+        raise ConfigError(f"{', '.join(f'{k}=' for k in given)} given beside a Mixture: pass them to the Mixture itself")
+    if not isinstance(root, (list, tuple, Mapping)):
+        raise ConfigError(f"{', '.join(f'{k}=' for k in given)} mix several caches: pass a list [a, b] or a dict {{name: root}} of caches, not the one cache {str(root)!r}")
+    return Mixture(root, **given)
 
 
 def open_mixture(root: Any, remote: RemoteOptions | None = None) -> OpenMixture | None:

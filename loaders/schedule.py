@@ -36,7 +36,7 @@ import numpy as np
 
 from cachebuild.errors import ConfigError
 
-__all__ = ["Stage", "Weights", "check_weights", "epoch_counts", "check_schedule", "stage_counts", "stage_at", "draws_before"]
+__all__ = ["Stage", "Weights", "as_stages", "check_weights", "epoch_counts", "check_schedule", "stage_counts", "stage_at", "draws_before"]
 
 Weights = Mapping[str, float] | Sequence[float] | None
 """Weights by cache name (missing names weigh 0), or one per cache in order; ``None``: the caches' sizes."""
@@ -114,14 +114,15 @@ MAX_EPOCH_RECORDS = 1 << 31
 """The most records one epoch may draw: its plan holds an int64 order of that length (16 GiB)."""
 
 
-def check_schedule(stages: Sequence[Stage], names: Sequence[str], where: str | None = None) -> tuple[Stage, ...]:
+def check_schedule(stages: Sequence[Stage] | Mapping[int, Weights], names: Sequence[str], where: str | None = None) -> tuple[Stage, ...]:
     """The stages in epoch order, each with checked weights; a :class:`ConfigError` for a gap, an
     overlap, an empty or reversed range, an open stage that is not the last, or a bad epoch size.
 
     ``where`` names the one stage a plain ``Mixture(weights=..., epoch_size=...)`` makes, so its
     errors speak of what the user wrote (``Mixture: weight of cache 'a' is -1``), not of a schedule."""
+    stages = as_stages(stages)
     if isinstance(stages, (str, bytes, Mapping)) or not isinstance(stages, Sequence) or not stages:
-        raise ConfigError("schedule: expected a non-empty list of Stage(epochs=(first, end), weights=...)")
+        raise ConfigError("schedule: expected a non-empty list of Stage(epochs=(first, end), weights=...) or a dict {first_epoch: weights}")
     out = []
     for i, s in enumerate(stages):
         if not isinstance(s, Stage):
@@ -137,6 +138,19 @@ def check_schedule(stages: Sequence[Stage], names: Sequence[str], where: str | N
         if b.first > a.end:
             raise ConfigError(f"schedule: epochs {a.end}..{b.first - 1} have no stage (a gap between the stages for epochs {_span(a)} and {_span(b)})")
     return tuple(out)
+
+
+def as_stages(schedule: Any) -> Any:
+    """The short forms of a schedule as :class:`Stage` lists: ``{first_epoch: weights}`` (each stage
+    runs until the next key, the last one open-ended) and ``[(epochs, weights[, epoch_size]), ...]``
+    tuples; anything else is returned as it is, for :func:`check_schedule` to check."""
+    if isinstance(schedule, Mapping) and schedule and all(_is_int(k) for k in schedule):
+        firsts = sorted(int(k) for k in schedule)
+        ends: list[int | None] = [*firsts[1:], None]
+        return [Stage((a, b), schedule[a]) for a, b in zip(firsts, ends)]
+    if isinstance(schedule, (list, tuple)) and all(isinstance(s, tuple) and 2 <= len(s) <= 3 for s in schedule):
+        return [Stage(*s) for s in schedule]
+    return schedule
 
 
 def _check_stage(s: Stage, where: str) -> None:

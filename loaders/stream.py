@@ -40,7 +40,7 @@ from cachebuild.format.reader import ShardSet, check_shard_files, local_path
 from loaders.batch import Batch, Layout, PackedBatch
 from loaders.generations import open_newest
 from loaders.mixgrow import load_generations, refresh_generations, stream_generations, use_generations
-from loaders.mixture import Mixture, OpenMixture, open_mixture, refuse_single_cache_options
+from loaders.mixture import Mixture, OpenMixture, mixture_root, open_mixture, refuse_single_cache_options
 from loaders.passes import Control, Progress
 from loaders.plan import DEFAULT_WINDOW, EpochPlan, epoch_order
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
@@ -116,7 +116,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             raise ValueError(f"seed must be >= 0, got {seed}")
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 shards or None, got {window}")
-        self._open_root(root, remote)
+        self._open_root(mixture_root(root, view_options), remote)  # ShardStream([a, b], weights=...): a Mixture
         self.generation = generation_of(self.manifest)  # one cache's; a mixture's caches: self.generations
         self._view_options = dict(view_options)
         self._warned_generations: set[int] = set()

@@ -106,6 +106,17 @@ def _cache_pack(manifest: Manifest, asked: int, given: bool, record_bytes: int, 
     return own
 
 
+def _cache_defaults(manifest: Manifest, opts: BuildOptions) -> BuildOptions:
+    """A seed, codec or level the append was not given is the cache's own (as ``pack`` is): appending
+    to a cache built with ``--seed 7`` or ``--codec none`` needs only ``--append``. One that was given
+    and differs is refused by the recipe check, naming it."""
+    if not opts.seed_given:
+        opts = replace(opts, seed=manifest.seed)
+    if not opts.codec_given:
+        opts = replace(opts, codec=replace(opts.codec, name=manifest.codec.name, level=manifest.codec.level))
+    return opts
+
+
 def append_cache(source: RecordSource, opts: BuildOptions, unit: str = "records") -> BuildSummary:
     """Add one generation of ``opts.records`` fresh records to the cache at ``opts.out`` (see the module docstring)."""
     opts.validate()
@@ -122,6 +133,7 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
     manifest = read_manifest(out.path)
     if manifest.kind != source.kind:
         raise CacheMismatchError(f"{out.path} holds a cache of kind {manifest.kind!r}, this recipe builds {source.kind!r}; an append must use the cache's own recipe")
+    opts = _cache_defaults(manifest, opts)
     opts = replace(opts, codec=replace(opts.codec, pack=_cache_pack(manifest, opts.codec.pack, opts.pack_given, source.estimated_record_bytes(), str(out.path))))
     base_doc = _fingerprint_doc(source, opts, per_shard)
     _check_recipe(manifest, base_doc, str(out.path))

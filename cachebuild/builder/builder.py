@@ -35,6 +35,7 @@ from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.codec import Codec
 from cachebuild.format.generations import GENERATIONS_DIR
 from cachebuild.format.index import index_from_bytes
+from cachebuild.format.json_text import nonfinite_at
 from cachebuild.format.packing import MEMBER_BYTES, effective_pack
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.malloc import tune_malloc
@@ -67,6 +68,8 @@ class BuildOptions:
     append: bool = False  # add a generation to the cache at ``out`` (see cachebuild.builder.append)
     keep: int | None = None  # with append: keep only the newest ``keep`` generations listed
     pack_given: bool = False  # codec.pack was asked for (not the default): an append refuses one that packs otherwise than the cache
+    seed_given: bool = True  # False: the seed is the default, and an append takes the cache's own
+    codec_given: bool = True  # False: codec name and level are the defaults, and an append takes the cache's own
 
     def validate(self) -> None:
         if not isinstance(self.records, int) or isinstance(self.records, bool) or not 1 <= self.records <= MAX_RECORDS:
@@ -158,11 +161,16 @@ def records_per_shard(total: int, shard_bytes: int, record_bytes: int) -> int:
 
 
 def _fingerprint_doc(source: RecordSource, opts: BuildOptions, per_shard: int) -> dict[str, Any]:
-    """Everything a shard's bytes depend on; its hash is the build fingerprint."""
+    """Everything a shard's bytes depend on; its hash is the build fingerprint. The config goes into
+    the manifest, which is standard JSON: a NaN or infinite value in it is refused before anything is built."""
+    config = source.config_dict()
+    bad = nonfinite_at(config)
+    if bad is not None:
+        raise ConfigError(f"config key '{bad[0]}' is {bad[1]!r}: the recipe is stored in the manifest as JSON, which has no NaN or Infinity")
     return {
         "version": FORMAT_VERSION,
         "kind": source.kind,
-        "config": source.config_dict(),
+        "config": config,
         "seed": opts.seed,
         "codec": opts.codec.to_dict(),
         "records": opts.records,

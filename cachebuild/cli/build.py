@@ -41,10 +41,10 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
     default=None,
     help="TOML recipe (see configs/); flags override it. Default: the built-in defaults, equal to configs/causal-users-2026-01-15.toml (the users' newest generator).",
 )
-@click.option("--seed", type=int, default=None, help="Base seed [default: recipe's, else 0]. Shard i is seeded from (seed, i).")
+@click.option("--seed", type=int, default=None, help="Base seed [default: recipe's, else 0; with --append: the cache's own]. Shard i is seeded from (seed, i).")
 @_workers_option
-@click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec: zstd, or none (raw, for tmpfs) [default: zstd].")
-@click.option("--level", type=int, default=None, help="zstd level [default: 1: as small as level 3 on causal data, faster].")
+@click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec: zstd, or none (raw, for tmpfs) [default: zstd; with --append: the cache's own].")
+@click.option("--level", type=int, default=None, help="zstd level [default: 1: as small as level 3 on causal data, faster; with --append: the cache's own].")
 @click.option(
     "--pack",
     type=int,
@@ -160,7 +160,7 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
 @click.option("--out", "-o", type=str, required=True, help="Cache folder (created) or fsspec URL.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set params.length=128 (repeatable).")
 @click.option("--records", "-n", type=click.IntRange(min=1), default=None, help="Number of records [default: the recipe's count key: graphs, records].")
-@click.option("--seed", type=click.IntRange(min=0), default=None, help="Base seed [default: the recipe's, else 0].")
+@click.option("--seed", type=click.IntRange(min=0), default=None, help="Base seed [default: the recipe's, else 0; with --append: the cache's own].")
 @click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel worker processes (default: all cores).")
 @click.option(
     "--pack",
@@ -169,6 +169,14 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
     metavar="N",
     help="Records per tar member (build.pack) [default: the recipe's, else 256, fewer if that passes 16 MB; with --append: the cache's own; 1: one member per record and field, the layout of format v1].",
 )
+@click.option(
+    "--codec",
+    type=click.Choice(["zstd", "none"]),
+    default=None,
+    help="Per-member codec (build.codec): zstd, or none (raw, for tmpfs) [default: the recipe's, else zstd (mel: none); with --append: the cache's own].",
+)
+@click.option("--level", type=int, default=None, help="zstd level (build.level) [default: the recipe's, else 1; with --append: the cache's own].")
+@click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB (build.shard_mb) [default: the recipe's, else 256].")
 @click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help=BACKEND_HELP)
 @click.option("--address", "--scheduler", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
 @click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
@@ -184,6 +192,9 @@ def build_command(
     seed: int | None,
     workers: int | None,
     pack: int | None,
+    codec: str | None,
+    level: int | None,
+    shard_mb: float | None,
     backend: str,
     address: str | None,
     overwrite: bool,
@@ -198,19 +209,31 @@ def build_command(
     kind = "mel"               log-mel segments; needs [source] h5 = FILE | wav = DIR | synthetic = N
     kind = "mymod:make"        your own source: a RecordSource, or a factory called with [params]
 
-    How the shards are stored comes from the recipe's [build] table (or --set; --pack N sets build.pack):
-    shard_mb (256), codec (zstd, or none; mel: none), level (1), pack (records per tar
-    member: 256, fewer if that passes 16 MB; 1 writes format v1), workers.
+    How the shards are stored comes from the recipe's [build] table (or --set; the flags
+    --shard-mb, --codec, --level and --pack set the same keys and win over both, as in
+    `generate`): shard_mb (256), codec (zstd, or none; mel: none), level (1), pack (records
+    per tar member: 256, fewer if that passes 16 MB; 1 writes format v1), workers.
 
     Parallel, deterministic (byte-identical shards for any --workers or backend)
     and resumable: rerun the same command after an interruption to finish it.
     """
     from cachebuild.api import build_recipe
 
-    if pack is not None:  # the flag is the recipe key, as in `generate` and `mel`
-        overrides = (*overrides, f"build.pack={pack}")
+    values = {"build.pack": pack, "build.codec": codec, "build.level": level, "build.shard_mb": shard_mb}  # each flag is its recipe key, as in `generate` and `mel`
     summary, unit = build_recipe(
-        config_path, out, overrides=overrides, records=records, seed=seed, workers=workers, backend=backend, address=address, overwrite=overwrite, progress=not quiet, append=append, keep=keep
+        config_path,
+        out,
+        overrides=overrides,
+        records=records,
+        seed=seed,
+        workers=workers,
+        backend=backend,
+        address=address,
+        overwrite=overwrite,
+        progress=not quiet,
+        append=append,
+        keep=keep,
+        build_values=values,
     )
     for line in summary.lines(unit):
         click.echo(line)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from cachebuild.errors import CacheBuildError, ManifestError
+from cachebuild.format.json_text import refuse_constant
 from cachebuild.format.names import JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION
 from cachebuild.format.packing import MAX_PACK
 
@@ -116,7 +117,7 @@ def load_json_bounded(data: bytes | memoryview, where: str, error: type[CacheBui
     if depth > MAX_JSON_DEPTH:
         raise error(f"{where}: JSON nested {depth} levels deep exceeds the limit of {MAX_JSON_DEPTH}")
     try:
-        return json.loads(data)
+        return json.loads(data, parse_constant=refuse_constant)
     except (ValueError, RecursionError) as exc:
         raise error(f"{where}: not valid JSON ({type(exc).__name__}: {exc})") from exc
 

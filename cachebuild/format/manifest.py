@@ -122,7 +122,7 @@ class Manifest:
             "build": self.build,
             "shards": [s.to_dict() for s in self.shards],
         }
-        return (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode()
+        return (json.dumps(doc, indent=1, sort_keys=False, allow_nan=False) + "\n").encode()  # standard JSON (format.json_text)
 
     @classmethod
     def from_json(cls, data: bytes | str, root: str = "") -> "Manifest":

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from cachebuild.format.index import INDEX_DTYPE, MAX_NDIM
+from cachebuild.format.json_text import nonfinite_at
 from cachebuild.format.limits import MAX_JSON_BYTES
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.npy import npy_headers
@@ -158,8 +159,12 @@ def _json_column(spec: FieldSpec, vals: list[Any], raw: bool, key_of: Callable[[
     texts = []
     for i, v in enumerate(vals):
         try:
-            texts.append(dumps(v, sort_keys=True, separators=(",", ":")).encode())
+            texts.append(dumps(v, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
         except (TypeError, ValueError) as exc:
+            bad = nonfinite_at(v)
+            if bad is not None:  # standard JSON only (cachebuild.format.json_text): readers refuse NaN text
+                where = f" at {bad[0]}" if bad[0] else ""
+                raise MemberError(f"field '{spec.name}' of record {key_of(i)}: {bad[1]!r}{where} is not a JSON number (use None or a string)", i) from exc
             raise MemberError(f"field '{spec.name}' of record {key_of(i)}: not JSON-able ({exc})", i) from exc
     sizes = [len(t) for t in texts]
     if max(sizes, default=0) > MAX_JSON_BYTES:  # every reader refuses it as corrupt: refuse to write it
