@@ -15,7 +15,6 @@ Bounded like tests/lightning_run.py: a watchdog dumps the stacks and exits after
 from __future__ import annotations
 
 import argparse
-import datetime
 import faulthandler
 import os
 import sys
@@ -23,15 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import lightning.pytorch as pl  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
 from loaders import ShardStream, make_loader  # noqa: E402
 from loaders.lightning import StreamDataModule  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lightning_run import Tiny as TrainTiny, fit_killing_ranks  # noqa: E402
+from lightning_run import Tiny as TrainTiny, fit_killing_ranks, quiet_cpu_trainer  # noqa: E402
 
 
 class Tiny(TrainTiny):
@@ -60,19 +57,13 @@ def main() -> None:
     a = ap.parse_args()
     out = Path(a.out)
     dm = WithValidation(a.cache, num_workers=1, prefetch_factor=2)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=a.devices,
-        strategy=DDPStrategy(timeout=datetime.timedelta(seconds=90)) if a.devices > 1 else "auto",
+    trainer = quiet_cpu_trainer(
+        a.devices,
         max_epochs=a.epochs,
         limit_train_batches=a.limit,
         limit_val_batches=2 if a.val_every else 0,
         val_check_interval=a.val_every,
         callbacks=[ModelCheckpoint(dirpath=out / f"{a.tag}-steps", filename="{step}", every_n_train_steps=1, save_top_k=-1)],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
     )
     fit_killing_ranks(trainer, Tiny(out / a.tag), dm, a.ckpt)
 

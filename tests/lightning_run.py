@@ -65,6 +65,21 @@ class Die(pl.Callback):
             os._exit(3)
 
 
+def quiet_cpu_trainer(devices: int, **kwargs: object) -> pl.Trainer:
+    """A CPU Trainer on ``devices`` gloo ranks (DDP, 90 s timeout, when more than one), with no logger,
+    progress bar, model summary or sanity validation; ``kwargs`` add the run's own settings."""
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=DDPStrategy(timeout=datetime.timedelta(seconds=90)) if devices > 1 else "auto",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
 def fit_killing_ranks(trainer: pl.Trainer, model: pl.LightningModule, dm: pl.LightningDataModule, ckpt: str | None) -> None:
     """``trainer.fit``; a rank that raises kills the ranks it launched (Lightning leaves them waiting
     out the process-group timeout, holding the test's pipes open)."""
@@ -89,17 +104,7 @@ def main() -> None:
         ModelCheckpoint(dirpath=out / f"{a.tag}-steps", filename="{step}", every_n_train_steps=1, save_top_k=-1),
         ModelCheckpoint(dirpath=out / f"{a.tag}-epochs", filename="{epoch}-end", every_n_epochs=1, save_on_train_epoch_end=True, save_top_k=-1),
     ]
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=a.devices,
-        strategy=DDPStrategy(timeout=datetime.timedelta(seconds=90)) if a.devices > 1 else "auto",
-        max_epochs=2,
-        callbacks=callbacks,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_cpu_trainer(a.devices, max_epochs=2, callbacks=callbacks)
     fit_killing_ranks(trainer, Tiny(out / a.tag), dm, a.ckpt)
 
 
