@@ -25,11 +25,13 @@ from ports import free_port  # noqa: F401  (re-exported for the test modules)
 CAUSAL_GRAPHS = 200
 
 
-def build_causal(out: Path, graphs: int = CAUSAL_GRAPHS, codec: str = "zstd", shard_mb: float = 0.5, seed: int = 0) -> Path:
-    """A small causal cache built by the real generator (several shards of a few graphs)."""
+def build_causal(out: Path, graphs: int = CAUSAL_GRAPHS, codec: str = "zstd", shard_mb: float = 0.5, seed: int = 0, pack: int | None = None) -> Path:
+    """A small causal cache built by the real generator (several shards of a few graphs); one
+    member per record and field unless ``pack`` is given (the default for records this size)."""
     from cachebuild.jobs import run_causal_build
 
     overrides = [] if codec == "zstd" else [f'build.codec="{codec}"']
+    overrides += [] if pack is None else [f"build.pack={pack}"]
     run_causal_build(None, overrides, {"graphs": graphs, "build.shard_mb": shard_mb, "seed": seed}, out, workers=1, progress=False)
     return out
 
@@ -42,6 +44,12 @@ def causal_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def causal_cache_raw(tmp_path_factory) -> Path:
     return build_causal(tmp_path_factory.mktemp("lcausalraw") / "cache", codec="none")
+
+
+@pytest.fixture(scope="session")
+def causal_cache_packed(tmp_path_factory) -> Path:
+    """Groups of 7 graphs per member (so groups are short and the last one uneven), zstd."""
+    return build_causal(tmp_path_factory.mktemp("lcausalpacked") / "cache", pack=7)
 
 
 class Reference:

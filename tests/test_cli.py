@@ -68,8 +68,8 @@ def test_refusal_names_the_differing_config_key_and_codec(small_cache):
     assert "seed" not in r.output.split("(")[1]  # only what differs
     r = CliRunner().invoke(main, [*args, "--codec", "none"])
     assert r.exit_code == 4 and "codec.name: cache 'zstd', this build 'none'" in r.output
-    r = CliRunner().invoke(main, [*args, "--pack", "1"])  # a manifest leaves pack 1 out: not "(not set)" (found in review)
-    assert r.exit_code == 4 and "codec.pack: cache 256, this build 1" in r.output, r.output
+    r = CliRunner().invoke(main, [*args, "--pack", "256"])  # a manifest leaves pack 1 out: not "(not set)" (found in review)
+    assert r.exit_code == 4 and "codec.pack: cache 1, this build 256" in r.output, r.output
     assert verify_cache(small_cache).ok
 
 

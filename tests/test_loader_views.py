@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from loader_fixtures import Reference, batches_equal, causal_cache, causal_cache_raw, padded  # noqa: F401
+from loader_fixtures import Reference, batches_equal, causal_cache, causal_cache_packed, causal_cache_raw, padded  # noqa: F401
 from loaders import ShardStream, expand_compact, register_view
 from loaders.views import VIEWS, make_view
 from loaders.views.records import RecordsView
 
 
-@pytest.fixture(scope="module", params=["zstd", "raw"])
-def cache(request, causal_cache, causal_cache_raw):
-    return causal_cache if request.param == "zstd" else causal_cache_raw
+@pytest.fixture(scope="module", params=["zstd", "raw", "packed"])
+def cache(request, causal_cache, causal_cache_raw, causal_cache_packed):
+    return {"zstd": causal_cache, "raw": causal_cache_raw, "packed": causal_cache_packed}[request.param]
 
 
 def _all_batches(stream: ShardStream, epoch: int = 0) -> list[dict]:

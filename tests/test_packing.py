@@ -239,10 +239,23 @@ def test_large_records_get_smaller_groups(tmp_path: Path) -> None:
 
     assert effective_pack(256, 2050) == 256 and effective_pack(256, 1 << 20) == MEMBER_BYTES >> 20 and effective_pack(256, 1 << 30) == 1
     src = FunctionSource.per_block(small_block, FIELDS, record_bytes=1 << 20)
-    build(src, tmp_path / "c", records=40, progress=False, backend="threading")
+    with pytest.warns(UserWarning, match="packing 16 records per tar member instead"):
+        build(src, tmp_path / "c", records=40, progress=False, backend="threading", pack=256)
     m = read_manifest(tmp_path / "c")
     assert {s.pack for s in m.shards} == {16} and m.codec.pack == 16
     assert verify_cache(tmp_path / "c").ok
+
+
+def test_the_default_packs_only_small_records(tmp_path: Path) -> None:
+    """Not given, ``pack`` is 256 below PACK_BELOW_BYTES (small records, where tar framing would
+    double the bytes) and 1 from it up: the layout plain WebDataset reads (DESIGN.md)."""
+    from cachebuild.format.packing import PACK_BELOW_BYTES, default_pack
+
+    assert default_pack(PACK_BELOW_BYTES - 1) == 256 and default_pack(PACK_BELOW_BYTES) == 1
+    for record_bytes, pack in ((2050, 256), (PACK_BELOW_BYTES, 1), (1 << 20, 1)):
+        out = tmp_path / f"c{record_bytes}"
+        build(FunctionSource.per_block(small_block, FIELDS, record_bytes=record_bytes), out, records=40, progress=False, backend="threading")
+        assert read_manifest(out).codec.pack == pack and {s.pack for s in read_manifest(out).shards} == {pack}
 
 
 def test_build_summary_explains_only_a_real_loss() -> None:
@@ -263,3 +276,27 @@ def test_a_pack_asked_for_and_lowered_to_keep_members_small_is_said(tmp_path: Pa
     assert {s.pack for s in read_manifest(tmp_path / "asked").shards} == {1024}
     gen = subprocess.run([sys.executable, "-m", "cachebuild.cli", "generate", "--graphs", "64", "--pack", "4096", "--out", str(tmp_path / "g"), "-q"], capture_output=True, text=True, timeout=300)
     assert gen.returncode == 0 and "build.pack = 4096: packing" in gen.stderr and len(gen.stderr.strip().splitlines()) == 1, gen.stderr
+
+
+def test_a_rerun_without_pack_keeps_the_layout_of_the_cache_there(tmp_path: Path) -> None:
+    """A cache packed by an older default (or by ``--pack``) is confirmed or resumed in its own layout
+    by a rerun that leaves ``--pack`` out, not refused for a default that changed; an unfinished
+    build's record counts the same."""
+    from click.testing import CliRunner
+
+    from cachebuild.builder.output import LocalOutput
+    from cachebuild.builder.pack_choice import choose_pack
+    from cachebuild.cli import main
+
+    out = tmp_path / "c"
+    args = ["generate", "--graphs", "30", "--out", str(out), "--shard-mb", "0.5", "--workers", "1", "-q"]
+    assert CliRunner().invoke(main, [*args, "--pack", "256"]).exit_code == 0
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and "nothing to do" in r.output, r.output
+    assert read_manifest(out).codec.pack == 256
+    partial = tmp_path / "p"
+    partial.mkdir()
+    (partial / "build.json").write_text('{"doc": {"codec": {"name": "zstd", "level": 1, "pack": 9}}}')
+    assert choose_pack(256, False, 30_000, LocalOutput(partial)) == 9
+    assert choose_pack(256, False, 30_000, LocalOutput(tmp_path / "new")) == 1
+    assert choose_pack(256, True, 30_000, LocalOutput(partial)) == 256

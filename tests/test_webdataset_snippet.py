@@ -1,4 +1,6 @@
-"""The README's WebDataset snippet, executed as written, reads a zstd causal cache into our reader's arrays."""
+"""The README's WebDataset snippets, executed as written, read causal caches into our reader's arrays:
+the three-line decoder on default (one member per record and field) caches, the index-aware one on
+packed and unpacked caches."""
 
 from __future__ import annotations
 
@@ -8,24 +10,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loader_fixtures import Reference, causal_cache, causal_cache_raw  # noqa: F401
+from loader_fixtures import Reference, causal_cache, causal_cache_packed, causal_cache_raw  # noqa: F401
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def _snippet() -> str:
+def _snippet(tag: str = "webdataset-snippet") -> str:
     text = README.read_text()
-    block = re.search(r"<!-- webdataset-snippet -->\s*```python\n(.*?)```\s*<!-- /webdataset-snippet -->", text, re.S)
+    block = re.search(rf"<!-- {tag} -->\s*```python\n(.*?)```\s*<!-- /{tag} -->", text, re.S)
     assert block, "the README lost its WebDataset snippet"
     lines = block.group(1).splitlines()
     indent = min(len(x) - len(x.lstrip()) for x in lines if x.strip())
     return "\n".join(x[indent:] for x in lines)
 
 
-@pytest.mark.parametrize("which", ["zstd", "raw"])
-def test_readme_webdataset_snippet_equals_our_reader(causal_cache, causal_cache_raw, which):
+@pytest.mark.parametrize("which", ["zstd", "raw", "packed"])
+def test_readme_webdataset_snippet_equals_our_reader(causal_cache, causal_cache_raw, causal_cache_packed, which):
     pytest.importorskip("webdataset")
-    root = causal_cache if which == "zstd" else causal_cache_raw
+    root = {"zstd": causal_cache, "raw": causal_cache_raw, "packed": causal_cache_packed}[which]
     ref = Reference(root)
     urls = [str(root / s.name) for s in ref.manifest.shards]
     scope = {"urls": urls}
@@ -42,5 +44,38 @@ def test_readme_webdataset_snippet_equals_our_reader(causal_cache, causal_cache_
                 np.testing.assert_array_equal(sample[name], ours[name], err_msg=name)
             else:
                 assert sample[name] == ours[name], name
+        seen.append(rid)
+    assert seen == list(range(ref.manifest.records))
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_three_line_decoder_reads_a_default_generate_cache(tmp_path, codec):
+    """DESIGN.md's promise for the headline cache: ``cachebuild generate`` with its defaults writes
+    one member per record and field, and plain WebDataset with the README's three-line ``.zst``
+    decoder yields every record, in order, with our reader's arrays."""
+    pytest.importorskip("webdataset")
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    root = tmp_path / "c"
+    r = CliRunner().invoke(main, ["generate", "--graphs", "40", "--out", str(root), "--shard-mb", "0.5", "--codec", codec, "--workers", "1", "-q"])
+    assert r.exit_code == 0, r.output
+    ref = Reference(root)
+    assert ref.manifest.codec.pack == 1 and len(ref.manifest.shards) > 1
+    scope = {"urls": [str(root / s.name) for s in ref.manifest.shards]}
+    exec(compile(_snippet("webdataset-three-lines"), str(README), "exec"), scope)
+    seen = []
+    for sample in scope["dataset"]:
+        rid = int(sample["__key__"])
+        ours = ref.record(rid)
+        got = {k.split(".")[0]: v for k, v in sample.items() if not k.startswith("__")}
+        assert sorted(got) == sorted(ours)
+        for name, value in ours.items():
+            if isinstance(value, np.ndarray):
+                assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+                np.testing.assert_array_equal(got[name], value, err_msg=name)
+            else:
+                assert got[name] == value, name
         seen.append(rid)
     assert seen == list(range(ref.manifest.records))

@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import time
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -27,6 +26,7 @@ from cachebuild.builder.lock import LOCK_NAME, build_lock
 from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
 from cachebuild.builder.markers import BUILD_RECORD, done_name, read_valid_done, write_done
 from cachebuild.builder.output import LocalOutput, Output, open_output
+from cachebuild.builder.pack_choice import choose_pack
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
 from cachebuild.builder.source import RecordSource
 from cachebuild.checks import MAX_RECORDS, MAX_SHARDS
@@ -36,7 +36,6 @@ from cachebuild.format.codec import Codec
 from cachebuild.format.generations import GENERATIONS_DIR
 from cachebuild.format.index import index_from_bytes
 from cachebuild.format.json_text import nonfinite_at
-from cachebuild.format.packing import MEMBER_BYTES, effective_pack
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
@@ -298,16 +297,12 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
     record_bytes = source.estimated_record_bytes()
     if record_bytes > MAX_MEMBER_BYTES:
         raise ConfigError(f"one record would take about {record_bytes} bytes, more than the {MAX_MEMBER_BYTES}-byte limit of a member: check the recipe's sizes (samples, nodes, segments)")
-    pack = effective_pack(opts.codec.pack, record_bytes)
-    if opts.pack_given and pack < opts.codec.pack:
-        msg = f"build.pack = {opts.codec.pack}: packing {pack} records per tar member instead, so a member stays within {MEMBER_BYTES >> 20} MB (records of about {record_bytes:,} bytes)"
-        warnings.warn(msg, UserWarning, stacklevel=2)
-    opts = replace(opts, codec=replace(opts.codec, pack=pack))
     per_shard = records_per_shard(opts.records, opts.shard_bytes, record_bytes)
     n_shards = -(-opts.records // per_shard)
     if n_shards > MAX_SHARDS:
         raise ConfigError(f"{opts.records} records at {per_shard} per shard make {n_shards} shards, more than {MAX_SHARDS}: raise build.shard_mb or build fewer records")
     out = open_output(opts.out, opts.storage_options)
+    opts = replace(opts, codec=replace(opts.codec, pack=choose_pack(opts.codec.pack, opts.pack_given, record_bytes, out)))
     if not isinstance(out, LocalOutput):
         return _build(source, opts, out, unit, t0, per_shard)
     _check_local(out)

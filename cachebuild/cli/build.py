@@ -50,7 +50,7 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
     type=int,
     default=None,
     metavar="N",
-    help="Records per tar member (build.pack) [default: 256, fewer if that passes 16 MB; with --append: the cache's own; 1: one member per record and field, the layout of format v1].",
+    help="Records per tar member (build.pack) [default: 1 (one member per record and field: plain WebDataset reads it) for records of 8 KiB and more, such as causal graphs; 256 for smaller ones, fewer if that passes 16 MB; a rerun or --append: the cache's own].",
 )
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--family", type=click.Choice(FAMILIES), default=None, help="Graph family (graph.family).")
@@ -116,7 +116,13 @@ def generate_command(**o: Any) -> None:
 @_workers_option
 @click.option("--codec", type=click.Choice(["zstd", "none"]), default=None, help="Per-member codec [default: none: mel compresses ~1.2x while zstd halves read speed; zstd for remote storage].")
 @click.option("--level", type=int, default=None, help="zstd level [default: 1].")
-@click.option("--pack", type=int, default=None, metavar="N", help="Records per tar member (build.pack) [default: 256, fewer if that passes 16 MB; 1: one member per file and field].")
+@click.option(
+    "--pack",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Records per tar member (build.pack) [default: 1 (one member per file and field) for files of 8 KiB and more, 256 for smaller ones; a rerun or --append: the cache's own].",
+)
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--h5-dataset", "h5_datasets", multiple=True, metavar="ROLE=NAME", help="Rename an HDF5 dataset: labels=..., mel=..., waveform=... (repeatable).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set n_mels=128 (repeatable).")
@@ -167,7 +173,7 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
     type=int,
     default=None,
     metavar="N",
-    help="Records per tar member (build.pack) [default: the recipe's, else 256, fewer if that passes 16 MB; with --append: the cache's own; 1: one member per record and field, the layout of format v1].",
+    help="Records per tar member (build.pack) [default: the recipe's, else 1 for records of 8 KiB and more (one member per record and field: plain WebDataset reads it), 256 for smaller ones, fewer if that passes 16 MB; a rerun or --append: the cache's own].",
 )
 @click.option(
     "--codec",

@@ -1,0 +1,52 @@
+"""How many records a build packs per tar member (``codec.pack``).
+
+Given (``--pack``, ``build.pack``, ``pack=``): that value, lowered so a member stays
+within :data:`~cachebuild.format.packing.MEMBER_BYTES` (said in one warning line).
+Not given and left at the recipes' :data:`~cachebuild.format.packing.DEFAULT_PACK`: the
+pack of the cache already at the output, if any (a rerun resumes or confirms a cache in its
+own layout, as an append grows it in its own), otherwise
+:func:`~cachebuild.format.packing.default_pack` of the source's record size. (A
+``BuildOptions`` made in code with another ``Codec.pack`` keeps that value.)
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from cachebuild.builder.markers import BUILD_RECORD
+from cachebuild.builder.output import Output
+from cachebuild.format.manifest import MANIFEST_NAME
+from cachebuild.format.packing import DEFAULT_PACK, MAX_PACK, MEMBER_BYTES, default_pack, effective_pack
+
+__all__ = ["choose_pack"]
+
+
+def choose_pack(asked: int, given: bool, record_bytes: int, out: Output) -> int:
+    """The ``pack`` a fresh build (or its rerun) writes with; see the module's docstring."""
+    if given or asked != DEFAULT_PACK:
+        pack = effective_pack(asked, record_bytes)
+        if given and pack < asked:
+            msg = f"build.pack = {asked}: packing {pack} records per tar member instead, so a member stays within {MEMBER_BYTES >> 20} MB (records of about {record_bytes:,} bytes)"
+            warnings.warn(msg, UserWarning, stacklevel=3)
+        return pack
+    existing = _existing_pack(out)
+    return existing if existing is not None else effective_pack(default_pack(record_bytes), record_bytes)
+
+
+def _existing_pack(out: Output) -> int | None:
+    """The ``codec.pack`` of the cache (manifest) or unfinished build (build record) at ``out``;
+    None when there is none or it does not say (a bad value is left to the rerun's own checks)."""
+    try:
+        names = set(out.names())
+    except OSError:
+        return None
+    for name, path in ((MANIFEST_NAME, ("codec",)), (BUILD_RECORD, ("doc", "codec"))):
+        if name not in names:
+            continue
+        doc = out.read_json(name)
+        for key in path:
+            doc = doc.get(key) if isinstance(doc, dict) else None
+        if isinstance(doc, dict) and "name" in doc:
+            pack = doc.get("pack", 1)  # a format-v1 manifest leaves its pack (1) out
+            return pack if isinstance(pack, int) and not isinstance(pack, bool) and 1 <= pack <= MAX_PACK else None
+    return None
