@@ -86,6 +86,23 @@ def test_too_few_regions_fall_back_to_private_decoding(graphs: Path) -> None:
     assert small.private_batches > 0 and 0 < small.decoded
 
 
+def _payload(root: Path, field: str) -> tuple[int, int]:
+    """(offset, size) in shard 0's tar of ``field``'s payload of the shard's middle record, from the
+    sidecar index (``.idx.npy``, or one zstd frame when the shard packs records)."""
+    import io
+
+    import numpy as np
+    import zstandard
+
+    from cachebuild.format import read_manifest
+
+    m = read_manifest(root)
+    raw = (root / m.shards[0].index).read_bytes()
+    index = np.load(io.BytesIO(zstandard.ZstdDecompressor().decompress(raw) if m.shards[0].index.endswith(".zst") else raw))
+    entry = index[len(index) // 2, [f.name for f in m.fields].index(field)]
+    return int(entry["offset"]), int(entry["size"])
+
+
 def test_a_corrupt_pool_fails_cleanly_in_every_worker(graphs: Path, tmp_path: Path) -> None:
     """A pool whose decode raises frees its region: the worker waiting for it gives up and decodes
     (and fails) itself; the loader raises the one-line error and nothing hangs."""
@@ -96,8 +113,8 @@ def test_a_corrupt_pool_fails_cleanly_in_every_worker(graphs: Path, tmp_path: Pa
     shutil.copytree(graphs, root)
     tar = root / read_manifest(root).shards[0].name
     data = bytearray(tar.read_bytes())
-    mid = len(data) // 2
-    data[mid : mid + 64] = bytes(64)  # zeros in the middle of a zstd frame of shard 0
+    off, size = _payload(root, "base")  # a field the twins view reads, in the middle of shard 0
+    data[off + size // 4 : off + size // 4 + 64] = bytes(64)  # zeros in the middle of its zstd frame
     tar.write_bytes(bytes(data))
     loader = make_loader(_twins(root), num_workers=2, shared_pools=True)
     t0 = time.monotonic()
