@@ -79,10 +79,11 @@ def limits(source: CausalSource, level: int, sample: int) -> dict[str, float]:
     }
 
 
-def run_build(code: Path, graphs: int, codec: str, workers: int, out: Path) -> dict[str, float]:
+def run_build(code: Path, graphs: int, codec: str, workers: int, out: Path, pack: str = "default") -> dict[str, float]:
     """One ``cachebuild generate`` in a fresh process tree: wall s, CPU s (all its processes), stored bytes."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "cachebuild.cli", "generate", "--graphs", str(graphs), "--out", str(out), "--codec", codec, "--workers", str(workers), "-q"]
+    cmd += [] if pack == "default" else ["--pack", pack]
     env = {**os.environ, "PYTHONPATH": str(code)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
@@ -117,7 +118,10 @@ def codec_rows(codec: str, runs: dict[str, list[dict[str, float]]], lim: dict[st
         cpu = statistics.median(r["cpu"] for r in rs)
         sys_s = statistics.median(r["sys"] for r in rs)
         rows += [
-            (f"{codec} {name}: wall, median of {len(rs)} (range)", f"{_spread(wall)} = {statistics.median(wall) / ideal:.2f}x ideal"),
+            (
+                f"{codec} {name}: wall, median of {len(rs)} (range); stored",
+                f"{_spread(wall)} = {statistics.median(wall) / ideal:.2f}x ideal; {statistics.median(r['stored'] for r in rs) / 1e9:.2f} GB",
+            ),
             (f"{codec} {name}: CPU of all processes", f"{cpu:.1f} s ({cpu / graphs * 1e6:.0f} us per graph, of which kernel {sys_s:.1f} s) = {cpu / (ideal * cores):.2f}x the ideal's CPU"),
         ]
     return rows
@@ -153,6 +157,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--level", type=int, default=1)
     ap.add_argument("--codecs", default="zstd,none")
+    ap.add_argument("--packs", default="default", help="records per tar member to build with, comma-separated (interleaved like code trees): 'default' (the build's own choice) or N")
     ap.add_argument("--code", action="append", default=[], metavar="NAME=DIR", help="a code tree to build with (repeat: interleaved); default: this checkout")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--user-sample", type=int, default=0, help="graphs timed through the user-style pipeline (0: skip)")
@@ -161,14 +166,16 @@ def main() -> None:
     args = ap.parse_args()
 
     codes, codecs, cores = _codes(args.code), args.codecs.split(","), args.workers
+    packs = args.packs.split(",")
+    variants = {(n if p == "default" else f"{n} --pack {p}"): (path, p) for n, path in codes.items() for p in packs}
     table = load_toml(args.config) if args.config else {}
     source = CausalSource(parse_causal_config({k: v for k, v in table.items() if k != "build"}))
     lim = limits(source, args.level, args.limit_sample)
-    runs: dict[str, dict[str, list[dict[str, float]]]] = {c: {n: [] for n in codes} for c in codecs}
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {c: {n: [] for n in variants} for c in codecs}
     for r in range(args.rounds):
         for codec in codecs:
-            for name in list(codes)[:: 1 if r % 2 == 0 else -1]:  # alternate the order between rounds
-                runs[codec][name].append(run_build(codes[name], args.graphs, codec, cores, args.out))
+            for name in list(variants)[:: 1 if r % 2 == 0 else -1]:  # alternate the order between rounds
+                runs[codec][name].append(run_build(*variants[name][:1], args.graphs, codec, cores, args.out, variants[name][1]))
                 print(f"round {r + 1} {codec} {name}: {runs[codec][name][-1]}", flush=True)
     rows = [
         ("graphs", f"{args.graphs:,} ({lim['raw_bytes'] / 1e3:.1f} KB raw each), {cores} workers, zstd level {args.level}, out {args.out}"),
