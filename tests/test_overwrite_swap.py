@@ -116,7 +116,8 @@ build(Slow(ToySource(), pause=0.15), sys.argv[1], records=600, seed=1, shard_mb=
 
 
 @pytest.mark.timeout(120)
-def test_sigkill_during_the_staged_build_then_rerun_is_byte_identical(tmp_path, made):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
+def test_a_killed_staged_build_keeps_the_old_cache_and_the_rerun_is_byte_identical(tmp_path, made, sig):
     root = tmp_path / "c"
     shutil.copytree(made["old"], root)
     before = _files(root)
@@ -128,8 +129,8 @@ def test_sigkill_during_the_staged_build_then_rerun_is_byte_identical(tmp_path, 
         time.sleep(0.02)
     assert proc.poll() is None, f"the build ended before it could be killed (rc {proc.returncode})"
     assert verify_cache(root).ok  # while the new cache is being built, the old one reads as before
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.killpg(proc.pid, sig)
+    assert proc.wait(timeout=60) != 0
     assert _files(root) == before and verify_cache(root).ok
     done = len(list(staged.glob("*.done.json")))
     assert 2 <= done < 14 and not (staged / "manifest.json").exists()
@@ -197,6 +198,15 @@ def test_an_append_during_an_interrupted_swap_finishes_it_and_grows_the_new_cach
     m = read_manifest(root)
     assert grown.generation == 1 and m.records == NEW["records"] + 100 and not (root / STAGING_DIR).exists()
     assert verify_cache(root).ok
+
+
+def test_overwriting_a_grown_cache_removes_its_generations(tmp_path, made):
+    root = tmp_path / "c"
+    shutil.copytree(made["old"], root)
+    build_toy(root, seed=OLD["seed"], records=100, append=True)
+    assert (root / "generations").is_dir()
+    build_toy(root, **NEW, overwrite=True)
+    assert _files(root) == _files(made["new"]) and sorted(p.name for p in root.iterdir() if p.is_dir()) == []
 
 
 def test_a_complete_staged_build_waits_for_its_command_and_the_old_one_keeps_its_cache(tmp_path, made):
