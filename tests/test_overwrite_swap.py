@@ -91,6 +91,7 @@ def test_a_build_failing_at_a_later_shard_keeps_the_old_cache_and_its_staged_sha
 
     resumed = build_toy(root, **NEW, overwrite=True)
     assert (resumed.skipped, resumed.built) == (3, 11)
+    assert resumed.lines()[-1] == f"note: --overwrite: built in {staged}, then swapped in for the cache of another recipe"
     assert _files(root) == _files(made["new"]) and not staged.exists()
     assert verify_cache(root).ok and read_manifest(root).seed == NEW["seed"]
 

@@ -144,6 +144,7 @@ class BuildSummary:
             f"built {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} ({self.built} built, {self.skipped} already done)",
             f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack)})",
             timing,
+            *(f"note: {n}" for n in self.notes),
         ]
 
 
@@ -252,10 +253,10 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
         raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
         note = staged_note(out.path) if isinstance(out, LocalOutput) else ""
         return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack, notes=(note,) if note else ())
-    if state == "build":
+    notes: tuple[str, ...] = ()
+    if state == "build" or not isinstance(out, LocalOutput):  # (only a local output is ever staged)
         built, shards = _make(source, opts, out, plan, doc, fingerprint, unit)
     else:
-        assert isinstance(out, LocalOutput)
         target, ready = open_staging(out.path, fingerprint, probe, opts.sync)
         try:
             built, shards = (0, list(Manifest.from_json(target.read_bytes(MANIFEST_NAME), target.location).shards)) if ready else _make(source, opts, target, plan, doc, fingerprint, unit)
@@ -263,8 +264,9 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
             discard_unstarted(out.path)  # a staged build that finished no shard leaves nothing behind
             raise
         swap_in(out.path)
+        notes = (f"--overwrite: built in {target.location}, then swapped in for the cache of another recipe",)
     raw, stored = sum(s.raw_bytes for s in shards), sum(s.bytes for s in shards)
-    return BuildSummary(out.location, opts.records, len(plan), built, len(plan) - built, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack)
+    return BuildSummary(out.location, opts.records, len(plan), built, len(plan) - built, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack, notes=notes)
 
 
 def _make(source: RecordSource, opts: BuildOptions, out: Output, plan: list[ShardSpec], doc: dict[str, Any], fingerprint: str, unit: str) -> tuple[int, list[ShardEntry]]:
