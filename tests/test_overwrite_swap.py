@@ -19,12 +19,14 @@ import pytest
 
 from cachebuild.builder.lock import LOCK_NAME
 from cachebuild.builder.markers import STAGING_DIR, file_sha256
+from cachebuild.builder.output import LocalOutput
 from cachebuild.builder.overwrite import SWAP_RECORD, swap_steps
 from cachebuild.errors import CacheMismatchError, SourceError
 from cachebuild.format import read_manifest
 from cachebuild.testing import ToySource
 from cachebuild.tools.verify import verify_cache
 from conftest import build_toy
+from test_distributed_build import s3_server  # noqa: F401  (the moto S3 server fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -151,7 +153,7 @@ def _staged_complete(root: Path, made: dict[str, Path]) -> None:
 def _steps(made: dict[str, Path], tmp_path: Path) -> int:
     root = tmp_path / "count"
     _staged_complete(root, made)
-    return sum(1 for _ in swap_steps(root))
+    return sum(1 for _ in swap_steps(LocalOutput(root)))
 
 
 def test_a_swap_interrupted_at_any_step_is_finished_by_the_rerun(tmp_path, made):
@@ -161,7 +163,7 @@ def test_a_swap_interrupted_at_any_step_is_finished_by_the_rerun(tmp_path, made)
     for k in sorted({0, 1, 2, 3, 2 + moves // 2, 2 + moves, 2 + moves + 1, total - 2, total - 1, total}):
         root = tmp_path / f"k{k}"
         _staged_complete(root, made)
-        steps = swap_steps(root)
+        steps = swap_steps(LocalOutput(root))
         for _ in range(k):
             next(steps)
         steps.close()  # the process dies here: no code of the swap runs past this step
@@ -176,7 +178,7 @@ def test_a_swap_interrupted_at_any_step_is_finished_by_the_rerun(tmp_path, made)
 def test_the_old_command_during_an_interrupted_swap_finishes_it_then_refuses(tmp_path, made):
     root = tmp_path / "c"
     _staged_complete(root, made)
-    steps = swap_steps(root)
+    steps = swap_steps(LocalOutput(root))
     for _ in range(10):
         next(steps)
     steps.close()
@@ -191,7 +193,7 @@ def test_the_old_command_during_an_interrupted_swap_finishes_it_then_refuses(tmp
 def test_an_append_during_an_interrupted_swap_finishes_it_and_grows_the_new_cache(tmp_path, made):
     root = tmp_path / "c"
     _staged_complete(root, made)
-    steps = swap_steps(root)
+    steps = swap_steps(LocalOutput(root))
     for _ in range(2 + 20):  # the old manifest removed, some files moved
         next(steps)
     steps.close()
@@ -256,3 +258,60 @@ def test_a_full_disk_during_the_staged_build_keeps_the_old_cache_and_the_rerun_r
     assert r.returncode == 0 and f"({13 - done} built, {done} already done)" in r.stdout, r.stderr + r.stdout
     assert _files(root) == _files(ref) and not (root / STAGING_DIR).exists()
     assert subprocess.run([*CLI, "verify", str(root), "-q"], capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode == 0
+
+
+URL = "s3://cachebuild-test/ow"
+
+
+def _s3_files(fs: Any, prefix: str, into: Path) -> dict[str, str]:
+    """The objects directly under ``prefix`` (the staging prefix aside), downloaded, by sha256."""
+    fs.invalidate_cache()
+    into.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for key in fs.ls(prefix, detail=False):
+        name = key.rsplit("/", 1)[-1]
+        if name != STAGING_DIR:
+            fs.get_file(key, str(into / name))
+            out[name] = file_sha256(into / name)
+    return out
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_overwrite_into_s3_stages_keeps_the_old_cache_and_resumes(s3_server, tmp_path, made):
+    from cachebuild.builder import BuildOptions, build_cache
+
+    fs, opts = s3_server, s3_server.test_options
+    build_toy(URL, **OLD, storage_options=opts)
+    old = _s3_files(fs, URL, tmp_path / "old")
+    assert old == _files(made["old"])
+    failing = BuildOptions(out=URL, records=NEW["records"], seed=NEW["seed"], shard_bytes=20_000, workers=1, progress=False, sync=False, overwrite=True, storage_options=opts)
+    with pytest.raises(SourceError, match="shard 3"):
+        build_cache(FailFrom(ToySource(), 3), failing)
+    assert _s3_files(fs, URL, tmp_path / "after") == old  # the old cache, untouched while the new one was staged
+    assert sorted(k.rsplit("/", 1)[-1] for k in fs.ls(f"{URL}/{STAGING_DIR}") if k.endswith(".done.json")) == [f"shard-0000{i}.done.json" for i in range(3)]
+
+    resumed = build_toy(URL, **NEW, overwrite=True, storage_options=opts)
+    assert (resumed.skipped, resumed.built) == (3, 11)
+    assert _s3_files(fs, URL, tmp_path / "new") == _files(made["new"]) and not fs.exists(f"{URL}/{STAGING_DIR}")
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_an_interrupted_swap_into_s3_is_finished_by_the_rerun(s3_server, tmp_path, made):
+    from cachebuild.builder.output import RemoteOutput
+
+    fs, opts = s3_server, s3_server.test_options
+    for p in sorted(made["old"].iterdir()):
+        fs.put_file(str(p), f"{URL}/{p.name}")
+    for p in sorted(made["new"].iterdir()):  # the new cache complete in the staging prefix
+        fs.put_file(str(p), f"{URL}/{STAGING_DIR}/{p.name}")
+    steps = swap_steps(RemoteOutput(URL, opts))
+    for _ in range(2 + 21):  # the old manifest removed, half the files moved
+        next(steps)
+    steps.close()
+    fs.invalidate_cache()
+    assert not fs.exists(f"{URL}/manifest.json") and fs.exists(f"{URL}/{STAGING_DIR}/{SWAP_RECORD}")
+    summary = build_toy(URL, **NEW, overwrite=True, storage_options=opts)
+    assert summary.built == 0 and summary.already_complete
+    assert _s3_files(fs, URL, tmp_path / "new") == _files(made["new"]) and not fs.exists(f"{URL}/{STAGING_DIR}")

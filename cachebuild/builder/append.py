@@ -82,7 +82,7 @@ def _finish_swap(opts: BuildOptions) -> None:
     out = open_output(opts.out, opts.storage_options)
     if isinstance(out, LocalOutput) and (out.path / STAGING_DIR / SWAP_RECORD).is_file():
         with build_lock(out.path):
-            finish_swap(out.path)
+            finish_swap(out)
 
 
 def _check_recipe(manifest: Manifest, doc: dict[str, Any], where: str) -> None:

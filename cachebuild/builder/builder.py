@@ -230,10 +230,11 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
         raise ConfigError(f"{opts.records} records at {per_shard} per shard make {n_shards} shards, more than {MAX_SHARDS}: raise build.shard_mb or build fewer records")
     out = open_output(opts.out, opts.storage_options)
     if not isinstance(out, LocalOutput):
+        finish_swap(out)  # an --overwrite swap a crash interrupted goes forward first (the pack choice reads the manifest)
         return _build(source, _with_pack(opts, record_bytes, out), out, unit, t0, per_shard)
     check_local(out)
     with build_lock(out.path):
-        finish_swap(out.path)  # an --overwrite swap a crash interrupted goes forward first (the pack choice reads the manifest)
+        finish_swap(out)
         return _build(source, _with_pack(opts, record_bytes, out), out, unit, t0, per_shard)
 
 
@@ -246,24 +247,23 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     plan = plan_shards(opts.records, per_shard)
     doc = _fingerprint_doc(source, opts, per_shard)
     fingerprint = _fingerprint(doc)
-    probe = lambda: probe_source(source, opts.seed, plan[0])  # noqa: E731
-    state = prepare_out(out, doc, fingerprint, opts.overwrite, probe)
+    state = prepare_out(out, doc, fingerprint, opts.overwrite)
     if state == "complete":
         m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
         raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
-        note = staged_note(out.path) if isinstance(out, LocalOutput) else ""
+        note = staged_note(out)
         return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack, notes=(note,) if note else ())
     notes: tuple[str, ...] = ()
-    if state == "build" or not isinstance(out, LocalOutput):  # (only a local output is ever staged)
+    if state == "build":
         built, shards = _make(source, opts, out, plan, doc, fingerprint, unit)
     else:
-        target, ready = open_staging(out.path, fingerprint, probe, opts.sync)
+        target, ready = open_staging(out, fingerprint, lambda: probe_source(source, opts.seed, plan[0]))
         try:
             built, shards = (0, list(Manifest.from_json(target.read_bytes(MANIFEST_NAME), target.location).shards)) if ready else _make(source, opts, target, plan, doc, fingerprint, unit)
         except Exception:
-            discard_unstarted(out.path)  # a staged build that finished no shard leaves nothing behind
+            discard_unstarted(out)  # a staged build that finished no shard leaves nothing behind
             raise
-        swap_in(out.path)
+        swap_in(out)
         notes = (f"--overwrite: built in {target.location}, then swapped in for the cache of another recipe",)
     raw, stored = sum(s.raw_bytes for s in shards), sum(s.bytes for s in shards)
     return BuildSummary(out.location, opts.records, len(plan), built, len(plan) - built, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack, notes=notes)

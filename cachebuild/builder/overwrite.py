@@ -1,6 +1,6 @@
 """``--overwrite`` that never loses the old cache before the new one is complete: stage, then swap.
 
-A build with ``--overwrite`` onto a local folder that holds a cache (or an
+A build with ``--overwrite`` onto a folder (or URL) that holds a cache (or an
 unfinished build with finished shards) of another recipe does not delete it.
 It builds the new cache in the staging folder :data:`STAGING_DIR`
 (``<cache>/.overwrite/``), inside the cache folder (nothing is written
@@ -22,11 +22,16 @@ in, one filesystem step at a time (:func:`swap_steps`):
 5. the staged manifest is renamed to ``manifest.json`` (the new cache is complete);
 6. the staging folder is removed.
 
+On an object store (``s3://``, any fsspec URL) a "rename" is a server-side
+copy, then a delete of the source (each object still appears whole); a crash
+between the two leaves both, and the rerun moves it again. Remote outputs
+have no build lock: run one build per prefix, as always.
+
 A crash (SIGKILL, power loss) before step 1 leaves the old cache complete and
 the staged build resumable: rerunning the same ``--overwrite`` command resumes
 it (or swaps it in when it was complete). A crash after step 1 leaves
 ``swap.json``: every later build of this folder (any recipe, under the build
-lock) first finishes the swap (:func:`finish_swap`), so the folder ends up
+lock where there is one) first finishes the swap (:func:`finish_swap`), so the folder ends up
 holding the complete new cache, byte for byte what an uninterrupted build
 writes.
 
@@ -39,15 +44,13 @@ and says so. Disk space: until the swap, the folder holds both caches.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
 from cachebuild.builder.lock import LOCK_NAME
-from cachebuild.builder.markers import BUILD_RECORD, STAGING_DIR, done_name, is_ours, manifest_damaged, read_json, write_json
-from cachebuild.builder.output import LocalOutput
-from cachebuild.format.atomic import fsync_dir, is_tmp_name, output_error
+from cachebuild.builder.markers import BUILD_RECORD, STAGING_DIR, done_name, is_ours, manifest_damaged
+from cachebuild.builder.output import LocalOutput, Output
+from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 
 __all__ = ["STAGING_DIR", "SWAP_RECORD", "staged_fingerprint", "staged_note", "open_staging", "drop_redundant_staging", "discard_unstarted", "swap_in", "swap_steps", "finish_swap"]
@@ -56,44 +59,45 @@ SWAP_RECORD = "swap.json"
 """Written into the staging folder when a swap starts: its presence means "finish the swap first"."""
 
 
-def _staging(root: Path) -> Path:
-    return Path(root) / STAGING_DIR
+def _staging(root: Output) -> Output:
+    return root.child(STAGING_DIR)
 
 
-def staged_fingerprint(root: Path) -> str | None:
+def staged_fingerprint(root: Output) -> str | None:
     """The build fingerprint of the cache staged under ``root`` (complete or not), or None."""
     staging = _staging(root)
-    manifest = read_json(staging / MANIFEST_NAME)
+    manifest = staging.read_json(MANIFEST_NAME)
     if manifest is not None:
         return (manifest.get("build") or {}).get("fingerprint")
-    record = read_json(staging / BUILD_RECORD)
+    record = staging.read_json(BUILD_RECORD)
     return record.get("fingerprint") if record is not None else None
 
 
-def staged_note(root: Path) -> str:
+def staged_note(root: Output) -> str:
     """One sentence on the staged build (for a refusal or a "nothing to do"), or "" when there is none."""
     staging = _staging(root)
-    if (staging / MANIFEST_NAME).is_file():
-        return f"a complete --overwrite build waits in {staging} to replace this cache: rerun that command to swap it in, or delete the folder"
-    record = read_json(staging / BUILD_RECORD)
+    names = staging.names()
+    if MANIFEST_NAME in names:
+        return f"a complete --overwrite build waits in {staging.location} to replace this cache: rerun that command to swap it in, or delete the folder"
+    record = staging.read_json(BUILD_RECORD) if BUILD_RECORD in names else None
     if record is None:
         return ""
     try:
         total = f" of {-(-int(record['records']) // int(record['records_per_shard']))}"
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         total = ""
-    done = sum(1 for p in staging.glob("*.done.json"))
-    return f"an unfinished --overwrite build is staged in {staging} ({done}{total} shards done): rerun that command to finish it, or delete the folder"
+    done = sum(1 for n in names if n.endswith(".done.json"))
+    return f"an unfinished --overwrite build is staged in {staging.location} ({done}{total} shards done): rerun that command to finish it, or delete the folder"
 
 
-def open_staging(root: Path, fingerprint: str, probe: Callable[[], None] | None, sync: bool = True) -> tuple[LocalOutput, bool]:
+def open_staging(root: Output, fingerprint: str, probe: Callable[[], None] | None) -> tuple[Output, bool]:
     """The staging output for the build ``fingerprint``, and whether it already holds that cache complete.
 
     A staged build of the same fingerprint is resumed (its temporary files
     removed, a damaged staged manifest dropped); one of another recipe is
     replaced, after ``probe`` checked the source's first block.
     """
-    staging = LocalOutput(_staging(root))
+    staging = _staging(root)
     try:
         if staged_fingerprint(root) == fingerprint:
             manifest = staging.read_json(MANIFEST_NAME)
@@ -106,81 +110,75 @@ def open_staging(root: Path, fingerprint: str, probe: Callable[[], None] | None,
             return staging, False
         if probe is not None:
             probe()  # a source that fails at once leaves the folder as it was
-        if staging.path.exists():
-            shutil.rmtree(staging.path)  # the staged build of another recipe: this --overwrite replaces it
-        staging.path.mkdir()
-        if sync:
-            fsync_dir(staging.path.parent)
+        root.remove(STAGING_DIR)  # the staged build of another recipe: this --overwrite replaces it
+        if isinstance(staging, LocalOutput):
+            staging.path.mkdir()
+            root.flush()
     except OSError as exc:
-        raise output_error(staging.path, exc) from exc
+        raise output_error(Path(staging.location), exc) from exc
     return staging, False
 
 
-def drop_redundant_staging(root: Path, fingerprint: str) -> None:
+def drop_redundant_staging(root: Output, fingerprint: str) -> None:
     """Remove a staged build of ``fingerprint`` when ``root`` already holds that cache complete."""
-    staging = _staging(root)
-    if staging.is_dir() and not (staging / SWAP_RECORD).exists() and staged_fingerprint(root) == fingerprint:
-        shutil.rmtree(staging)
+    if STAGING_DIR in root.names() and _staging(root).read_json(SWAP_RECORD) is None and staged_fingerprint(root) == fingerprint:
+        root.remove(STAGING_DIR)
 
 
-def discard_unstarted(root: Path) -> None:
+def discard_unstarted(root: Output) -> None:
     """After a failed staged build: remove the staging folder if it holds no finished shard (nothing to keep)."""
-    staging = _staging(root)
-    if staging.is_dir() and not any(staging.glob("*.done.json")) and not (staging / MANIFEST_NAME).exists():
-        shutil.rmtree(staging, ignore_errors=True)
+    names = _staging(root).names()
+    if names and MANIFEST_NAME not in names and not any(n.endswith(".done.json") for n in names):
+        root.remove(STAGING_DIR)
 
 
-def _remove(path: Path) -> None:
-    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-
-
-def _move_in(root: Path, staging: Path) -> Iterator[str]:
+def _move_in(root: Output, staging: Output) -> Iterator[str]:
     """Steps 2-5 of the swap (module docstring); each is idempotent, so a rerun after a crash repeats none wrongly."""
-    (root / MANIFEST_NAME).unlink(missing_ok=True)
-    fsync_dir(root)
+    root.remove(MANIFEST_NAME)
+    root.flush()
     yield "old manifest removed"
-    manifest = Manifest.from_json((staging / MANIFEST_NAME).read_bytes(), str(staging))
+    manifest = Manifest.from_json(staging.read_bytes(MANIFEST_NAME), staging.location)
     new = {name for s in manifest.shards for name in (s.name, s.index, done_name(s.name))}
-    for name in sorted(new):
-        if (staging / name).exists():  # else moved before a crash
-            os.replace(staging / name, root / name)
-            yield f"moved {name}"
+    present = set(staging.names())
+    for name in sorted(new & present):  # (the others were moved before a crash)
+        staging.move_to(name, root)
+        yield f"moved {name}"
     keep = new | {MANIFEST_NAME, LOCK_NAME, STAGING_DIR}
-    for path in sorted(root.iterdir()):
-        if is_ours(path.name) and path.name not in keep:
-            _remove(path)
-            yield f"removed {path.name}"
-    fsync_dir(root)
-    os.replace(staging / MANIFEST_NAME, root / MANIFEST_NAME)
-    fsync_dir(root)
+    for name in root.names():
+        if is_ours(name) and name not in keep:
+            root.remove(name)
+            yield f"removed {name}"
+    root.flush()
+    staging.move_to(MANIFEST_NAME, root)
+    root.flush()
     yield "manifest in place"
 
 
-def swap_steps(root: Path) -> Iterator[str]:
-    """Swap the complete staged cache into ``root``, yielding after each filesystem step (the module
-    docstring's 1-6). Stopping the iteration anywhere leaves what a crash there would."""
+def swap_steps(root: Output) -> Iterator[str]:
+    """Swap the complete staged cache into ``root``, yielding after each step (the module docstring's
+    1-6). Stopping the iteration anywhere leaves what a crash there would."""
     staging = _staging(root)
-    if not (staging / SWAP_RECORD).exists():
-        write_json(staging / SWAP_RECORD, {"fingerprint": staged_fingerprint(root)})
+    if staging.read_json(SWAP_RECORD) is None:
+        staging.write_json(SWAP_RECORD, {"fingerprint": staged_fingerprint(root)})
         yield "swap started"
-    if (staging / MANIFEST_NAME).exists():
+    if MANIFEST_NAME in staging.names():
         yield from _move_in(root, staging)
-    shutil.rmtree(staging)
+    root.remove(STAGING_DIR)
     yield "staging removed"
 
 
-def swap_in(root: Path) -> None:
+def swap_in(root: Output) -> None:
     """Run (or finish) the swap of the staged cache into ``root``; one ``OutputError`` line if the filesystem refuses."""
     try:
         for _ in swap_steps(root):
             pass
     except OSError as exc:
-        raise output_error(Path(root), exc) from exc
+        raise output_error(Path(root.location), exc) from exc
 
 
-def finish_swap(root: Path) -> bool:
-    """Finish a swap a crash interrupted (run under the build lock before anything reads the folder); True if there was one."""
-    if not (_staging(root) / SWAP_RECORD).exists():
+def finish_swap(root: Output) -> bool:
+    """Finish a swap a crash interrupted (run under the build lock, before anything reads the folder); True if there was one."""
+    if STAGING_DIR not in root.names() or _staging(root).read_json(SWAP_RECORD) is None:
         return False
     swap_in(root)
     return True

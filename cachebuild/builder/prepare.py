@@ -8,21 +8,20 @@
   fingerprint (an empty folder, an unfinished build of this recipe, or a
   complete one that lost a file);
 * ``"stage"``: it holds a cache (or an unfinished build with finished shards)
-  of another recipe and ``--overwrite`` was given: a local output builds the
-  new cache in its staging folder and swaps it in only when complete
+  of another recipe and ``--overwrite`` was given: the new cache is built in
+  the staging folder and swapped in only when complete
   (:mod:`cachebuild.builder.overwrite`); nothing of the old cache is touched
   here.
 
 Without ``--overwrite`` another recipe is refused, naming the keys that
-differ. A remote (fsspec) output has no staging: its old cache is deleted
-before the new build, as it always was (object stores cannot rename).
+differ.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from cachebuild.builder.markers import BUILD_RECORD, is_ours, manifest_damaged
 from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
@@ -63,13 +62,12 @@ def _existing(out: Output, names: list[str]) -> tuple[str | None, dict[str, Any]
     return None, None, None
 
 
-def prepare_out(out: Output, doc: dict[str, Any], fingerprint: str, overwrite: bool, probe: Callable[[], None] | None = None) -> Prepared:
+def prepare_out(out: Output, doc: dict[str, Any], fingerprint: str, overwrite: bool) -> Prepared:
     """Make the output ready for the build of ``doc`` (fingerprint ``fingerprint``); see the module docstring.
 
     A local output's interrupted swap must already be finished
     (:func:`cachebuild.builder.overwrite.finish_swap`, under the build lock).
     """
-    root = out.path if isinstance(out, LocalOutput) else None  # None: a remote output, which has no staging
     if isinstance(out, LocalOutput):
         check_local(out)
     names = out.names()
@@ -77,38 +75,24 @@ def prepare_out(out: Output, doc: dict[str, Any], fingerprint: str, overwrite: b
     if foreign and MANIFEST_NAME not in names and BUILD_RECORD not in names:
         raise OutputError(f"output folder {out.location} is not empty and is not a cachebuild cache (found {foreign[0]!r}); choose another --out")
     previous, previous_doc, manifest = _existing(out, names)
-    staged = staged_fingerprint(root) if root is not None else None
+    staged = staged_fingerprint(out)
     if manifest is not None and previous == fingerprint:
         if not manifest_damaged(out, manifest):
-            if root is not None:
-                drop_redundant_staging(root, fingerprint)
+            drop_redundant_staging(out, fingerprint)
             return "complete"
         out.remove(MANIFEST_NAME)  # not complete any more: the resume re-checks every shard (sha256) and rebuilds the bad ones
         return "build"
-    if root is not None and staged == fingerprint and (overwrite or previous is None):
+    if staged == fingerprint and (overwrite or previous is None):
         return "stage"  # resume (or swap in) this recipe's staged build
     if previous is not None and previous != fingerprint:
         if not overwrite:
             differs = describe_differences(previous_doc, doc) if isinstance(previous_doc, dict) else ""
-            hint = f"; {staged_note(root)}" if root is not None and staged == fingerprint else ""
+            hint = f"; {staged_note(out)}" if staged == fingerprint else ""
             raise CacheMismatchError(
                 f"{out.location} holds a cache built with another config, seed, codec or size{' (' + differs + ')' if differs else ''}; pass --overwrite to replace it, or choose another --out{hint}"
             )
-        if root is not None:
-            return "stage"
-        _remove_remote_cache(out, names, probe)
+        return "stage"
     for n in names:
         if is_tmp_name(Path(n)):
             out.remove(n)
     return "build"
-
-
-def _remove_remote_cache(out: Output, names: list[str], probe: Callable[[], None] | None) -> None:
-    """``--overwrite`` of a remote cache: check the source's first block, then delete the old cache
-    (manifest first, so it stops being complete at once); object stores cannot swap it in place."""
-    if probe is not None:
-        probe()  # a source that fails at once must not cost the old cache
-    out.remove(MANIFEST_NAME)
-    for n in names:
-        if is_ours(n) and n != MANIFEST_NAME:
-            out.remove(n)

@@ -17,8 +17,8 @@ __all__ = ["generate_command", "mel_command", "build_command"]
 
 OVERWRITE_HELP = (
     "Replace a cache at --out that was built with another config. The new cache is built inside it, in .overwrite/, "
-    "and swapped in only when complete: the old one stays readable until then, a rerun resumes, and the disk needs room "
-    "for both caches meanwhile (a remote URL's old cache is deleted first instead)."
+    "and swapped in only when complete: the old one stays readable until then, a rerun resumes, and the disk (or bucket) "
+    "needs room for both caches meanwhile."
 )
 BACKEND_HELP = "What runs the shards: loky (local processes), threading, dask (one task per shard on the cluster) or ray."
 
