@@ -65,8 +65,8 @@ def _existing(out: Output, names: list[str]) -> tuple[str | None, dict[str, Any]
 def prepare_out(out: Output, doc: dict[str, Any], fingerprint: str, overwrite: bool) -> Prepared:
     """Make the output ready for the build of ``doc`` (fingerprint ``fingerprint``); see the module docstring.
 
-    A local output's interrupted swap must already be finished
-    (:func:`cachebuild.builder.overwrite.finish_swap`, under the build lock).
+    An interrupted swap must already be finished
+    (:func:`cachebuild.builder.overwrite.finish_swap`, under the build lock of a local output).
     """
     if isinstance(out, LocalOutput):
         check_local(out)
