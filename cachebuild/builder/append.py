@@ -40,7 +40,8 @@ from cachebuild.format.packing import effective_pack
 from cachebuild.builder.builder import BuildOptions, BuildSummary, _build_shard, finished_shards, _fingerprint_doc, _index_of, _progress, records_per_shard
 from cachebuild.builder.generation_manifest import APPEND_RECORD, commit_generation, generation_table
 from cachebuild.builder.lock import build_lock
-from cachebuild.builder.markers import BUILD_RECORD, read_json, write_json
+from cachebuild.builder.markers import BUILD_RECORD, STAGING_DIR, read_json, write_json
+from cachebuild.builder.overwrite import SWAP_RECORD, finish_swap
 from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
 from cachebuild.builder.output import LocalOutput, open_output
 from cachebuild.builder.plan import ShardSpec, plan_shards
@@ -73,6 +74,15 @@ def _local_cache(opts: BuildOptions) -> LocalOutput:
         )
         raise ConfigError(f"--append: {out.path} {what}; build the cache first (without --append)")
     return out
+
+
+def _finish_swap(opts: BuildOptions) -> None:
+    """An --overwrite swap a crash interrupted goes forward first (under the lock): the append then
+    grows the cache the folder now holds, never the old one the swap is replacing."""
+    out = open_output(opts.out, opts.storage_options)
+    if isinstance(out, LocalOutput) and (out.path / STAGING_DIR / SWAP_RECORD).is_file():
+        with build_lock(out.path):
+            finish_swap(out)
 
 
 def _check_recipe(manifest: Manifest, doc: dict[str, Any], where: str) -> None:
@@ -121,6 +131,7 @@ def append_cache(source: RecordSource, opts: BuildOptions, unit: str = "records"
     """Add one generation of ``opts.records`` fresh records to the cache at ``opts.out`` (see the module docstring)."""
     opts.validate()
     t0 = time.perf_counter()
+    _finish_swap(opts)
     out = _local_cache(opts)
     record_bytes = source.estimated_record_bytes()
     if record_bytes > MAX_MEMBER_BYTES:

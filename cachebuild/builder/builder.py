@@ -15,25 +15,24 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from cachebuild.builder.backends import BACKENDS, run_jobs
 from cachebuild.builder.checked import block_records_of, check_schema, fill_shard, probe_source
 from cachebuild.builder.determinism import build_environment, source_determinism
-from cachebuild.builder.lock import LOCK_NAME, build_lock
-from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
+from cachebuild.builder.lock import build_lock
 from cachebuild.builder.markers import BUILD_RECORD, done_name, read_valid_done, write_done
+from cachebuild.builder.overwrite import discard_unstarted, finish_swap, open_staging, staged_note, swap_in
 from cachebuild.builder.output import LocalOutput, Output, open_output
 from cachebuild.builder.pack_choice import choose_pack
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
+from cachebuild.builder.prepare import check_local, prepare_out
 from cachebuild.builder.source import RecordSource
 from cachebuild.checks import MAX_RECORDS, MAX_SHARDS
-from cachebuild.errors import CacheMismatchError, ConfigError, OutputError, ShardCorruptError
-from cachebuild.format.atomic import is_tmp_name, output_error
+from cachebuild.errors import ConfigError, OutputError, ShardCorruptError
 from cachebuild.format.codec import Codec
-from cachebuild.format.generations import GENERATIONS_DIR
 from cachebuild.format.index import index_from_bytes
 from cachebuild.format.json_text import nonfinite_at
 from cachebuild.format.limits import MAX_MEMBER_BYTES
@@ -117,6 +116,7 @@ class BuildSummary:
     generation: int | None = None  # an append: the generation it committed, and those the manifest lists
     generations: tuple[int, ...] = ()
     pack: int = 1  # records per tar member (for the ratio's explanation)
+    notes: tuple[str, ...] = ()  # closing remarks (an --overwrite build staged in the cache, not yet swapped in)
 
     @property
     def ratio(self) -> float:
@@ -124,7 +124,7 @@ class BuildSummary:
 
     def lines(self, unit: str = "records") -> list[str]:
         if self.already_complete:
-            return [f"cache at {self.out} is already complete ({self.records} {unit}, {_n(self.shards, 'shard')}): nothing to do"]
+            return [f"cache at {self.out} is already complete ({self.records} {unit}, {_n(self.shards, 'shard')}): nothing to do", *(f"note: {n}" for n in self.notes)]
         share = self.built / self.shards if self.shards else 0.0  # a resume's rate counts only what it built
         rate = self.records * share / self.seconds if self.seconds > 0 else 0.0
         mbs = self.raw_bytes * share / 1e6 / max(self.seconds, 1e-9)
@@ -144,6 +144,7 @@ class BuildSummary:
             f"built {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} ({self.built} built, {self.skipped} already done)",
             f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack)})",
             timing,
+            *(f"note: {n}" for n in self.notes),
         ]
 
 
@@ -180,80 +181,6 @@ def _fingerprint_doc(source: RecordSource, opts: BuildOptions, per_shard: int) -
 
 def _fingerprint(doc: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-
-
-def _is_ours(name: str) -> bool:
-    return name in (MANIFEST_NAME, BUILD_RECORD, LOCK_NAME, GENERATIONS_DIR) or name.startswith("shard-") or is_tmp_name(Path(name))
-
-
-def _check_local(out: LocalOutput) -> None:
-    path = out.path
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"output path {path} exists and is not a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise output_error(path, exc) from exc
-    if not os.access(path, os.W_OK):
-        raise OutputError(f"cannot write {path}: not writable")
-
-
-def _prepare_out(out: Output, doc: dict[str, Any], overwrite: bool, probe: Callable[[], None] | None = None) -> bool:
-    """Make the output ready; True when it already holds this exact complete cache.
-
-    ``doc`` is this build's fingerprint document; a refusal names the keys in
-    which the existing cache (its manifest, or the build record of an
-    unfinished build) differs from it.
-    """
-    fingerprint = _fingerprint(doc)
-    if isinstance(out, LocalOutput):
-        _check_local(out)
-    names = out.names()
-    foreign = [n for n in names if not _is_ours(n)]
-    if foreign and MANIFEST_NAME not in names and BUILD_RECORD not in names:
-        raise OutputError(f"output folder {out.location} is not empty and is not a cachebuild cache (found {foreign[0]!r}); choose another --out")
-    previous, previous_doc = None, None
-    if MANIFEST_NAME in names:
-        manifest = out.read_json(MANIFEST_NAME) or {}
-        previous = (manifest.get("build") or {}).get("fingerprint")
-        if previous == fingerprint:
-            if not _damaged(out, manifest):
-                return True
-            out.remove(MANIFEST_NAME)  # not complete any more: the resume re-checks every shard (sha256) and rebuilds the bad ones
-            return False
-        previous_doc = fingerprint_doc_of_manifest(manifest)
-    elif BUILD_RECORD in names and any(n.endswith(".done.json") for n in names):
-        record = out.read_json(BUILD_RECORD) or {}
-        previous, previous_doc = record.get("fingerprint"), record.get("doc")
-    # (a build record without any finished shard is a build that failed before its first shard: nothing to keep)
-    if previous is not None and previous != fingerprint:
-        if not overwrite:
-            differs = describe_differences(previous_doc, doc) if isinstance(previous_doc, dict) else ""
-            raise CacheMismatchError(
-                f"{out.location} holds a cache built with another config, seed, codec or size{' (' + differs + ')' if differs else ''}; pass --overwrite to replace it, or choose another --out"
-            )
-        if probe is not None:
-            probe()  # a source that fails at once must not cost the old cache
-        out.remove(MANIFEST_NAME)  # first: the old cache stops being complete
-        for n in names:
-            if _is_ours(n) and n != MANIFEST_NAME:
-                out.remove(n)
-    for n in names:
-        if is_tmp_name(Path(n)):
-            out.remove(n)
-    return False
-
-
-def _damaged(out: Output, manifest: dict[str, Any]) -> bool:
-    """A complete cache whose files no longer match its manifest (missing, truncated, grown): a cheap size check
-    on rerun; flipped bits of the same size are found by ``cachebuild verify``."""
-    for entry in manifest.get("shards") or []:
-        try:
-            if out.size(entry["name"]) != entry["bytes"] or out.size(entry["index"]) != entry["index_bytes"]:
-                return True
-        except (KeyError, TypeError):
-            return True
-    return False
 
 
 def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, codec: Codec, fingerprint: str, sync: bool, own_process: bool) -> ShardEntry:
@@ -302,31 +229,56 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
     if n_shards > MAX_SHARDS:
         raise ConfigError(f"{opts.records} records at {per_shard} per shard make {n_shards} shards, more than {MAX_SHARDS}: raise build.shard_mb or build fewer records")
     out = open_output(opts.out, opts.storage_options)
-    opts = replace(opts, codec=replace(opts.codec, pack=choose_pack(opts.codec.pack, opts.pack_given, record_bytes, out)))
     if not isinstance(out, LocalOutput):
-        return _build(source, opts, out, unit, t0, per_shard)
-    _check_local(out)
+        finish_swap(out)  # an --overwrite swap a crash interrupted goes forward first (the pack choice reads the manifest)
+        return _build(source, _with_pack(opts, record_bytes, out), out, unit, t0, per_shard)
+    check_local(out)
     with build_lock(out.path):
-        return _build(source, opts, out, unit, t0, per_shard)
+        finish_swap(out)
+        return _build(source, _with_pack(opts, record_bytes, out), out, unit, t0, per_shard)
+
+
+def _with_pack(opts: BuildOptions, record_bytes: int, out: Output) -> BuildOptions:
+    return replace(opts, codec=replace(opts.codec, pack=choose_pack(opts.codec.pack, opts.pack_given, record_bytes, out)))
 
 
 def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0: float, per_shard: int) -> BuildSummary:
-    """The build itself, with the output's lock held (local outputs)."""
+    """The build itself, with the output's lock held (local outputs): in place, or staged then swapped in (``--overwrite``)."""
     plan = plan_shards(opts.records, per_shard)
     doc = _fingerprint_doc(source, opts, per_shard)
     fingerprint = _fingerprint(doc)
-    if _prepare_out(out, doc, opts.overwrite, lambda: probe_source(source, opts.seed, plan[0])):
+    state = prepare_out(out, doc, fingerprint, opts.overwrite)
+    if state == "complete":
         m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
         raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
-        return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack)
-    out.write_json(BUILD_RECORD, {"fingerprint": fingerprint, "doc": doc, "kind": source.kind, "records": opts.records, "records_per_shard": per_shard}, opts.sync)
+        note = staged_note(out)
+        return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack, notes=(note,) if note else ())
+    notes: tuple[str, ...] = ()
+    if state == "build":
+        built, shards = _make(source, opts, out, plan, doc, fingerprint, unit)
+    else:
+        target, ready = open_staging(out, fingerprint, lambda: probe_source(source, opts.seed, plan[0]))
+        try:
+            built, shards = (0, list(Manifest.from_json(target.read_bytes(MANIFEST_NAME), target.location).shards)) if ready else _make(source, opts, target, plan, doc, fingerprint, unit)
+        except Exception:
+            discard_unstarted(out)  # a staged build that finished no shard leaves nothing behind
+            raise
+        swap_in(out)
+        notes = (f"--overwrite: built in {target.location}, then swapped in for the cache of another recipe",)
+    raw, stored = sum(s.raw_bytes for s in shards), sum(s.bytes for s in shards)
+    return BuildSummary(out.location, opts.records, len(plan), built, len(plan) - built, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack, notes=notes)
 
+
+def _make(source: RecordSource, opts: BuildOptions, out: Output, plan: list[ShardSpec], doc: dict[str, Any], fingerprint: str, unit: str) -> tuple[int, list[ShardEntry]]:
+    """Build the shards of ``plan`` not yet done at ``out`` (the cache folder, or an --overwrite's staging folder),
+    then its manifest; returns (shards built now, every shard)."""
+    per_shard = doc["records_per_shard"]
+    out.write_json(BUILD_RECORD, {"fingerprint": fingerprint, "doc": doc, "kind": source.kind, "records": opts.records, "records_per_shard": per_shard}, opts.sync)
     deep = isinstance(out, LocalOutput)
     done = finished_shards(out, plan, fingerprint, deep)
     todo = [spec for spec in plan if spec.index not in done]
     for spec in todo:
         out.remove(done_name(spec.name))
-    skipped = len(done)
     bar = _progress(opts.records, unit, opts.progress)
     bar.update(sum(s.records for s in done.values()))
     built_raw = 0
@@ -343,8 +295,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     shards = [done[spec.index] for spec in plan]
     _write_final_manifest(source, opts, out, shards, fingerprint, per_shard)
     out.remove(BUILD_RECORD)
-    raw, stored = sum(s.raw_bytes for s in shards), sum(s.bytes for s in shards)
-    return BuildSummary(out.location, opts.records, len(plan), len(todo), skipped, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack)
+    return len(todo), shards
 
 
 def _index_of(shard: ShardEntry) -> int:

@@ -121,8 +121,9 @@ def _write(writer: ShardWriter, source: RecordSource, spec: ShardSpec, fields: l
 def probe_source(source: RecordSource, seed: int, spec: ShardSpec) -> None:
     """Make and check the first block of ``spec`` in this process, writing nothing.
 
-    Run before ``--overwrite`` deletes an existing cache, so a source that
-    fails at once (bad field, wrong dtype, an exception) leaves that cache intact.
+    Run before ``--overwrite`` starts its staged build (or, for a remote output,
+    deletes the old cache), so a source that fails at once (bad field, wrong
+    dtype, an exception) leaves the folder as it was.
     """
     fields = list(source.fields())
     try:

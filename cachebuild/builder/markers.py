@@ -12,12 +12,33 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cachebuild.format.atomic import atomic_write_bytes
-from cachebuild.format.manifest import ShardEntry
+from cachebuild.builder.lock import LOCK_NAME
+from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name
+from cachebuild.format.generations import GENERATIONS_DIR
+from cachebuild.format.manifest import MANIFEST_NAME, ShardEntry
 
-__all__ = ["BUILD_RECORD", "done_name", "write_done", "read_valid_done", "file_sha256", "write_json", "read_json"]
+__all__ = ["BUILD_RECORD", "STAGING_DIR", "is_ours", "manifest_damaged", "done_name", "write_done", "read_valid_done", "file_sha256", "write_json", "read_json"]
 
 BUILD_RECORD = "build.json"
+STAGING_DIR = ".overwrite"
+"""The folder inside a cache where ``--overwrite`` builds its replacement (:mod:`cachebuild.builder.overwrite`)."""
+
+
+def is_ours(name: str) -> bool:
+    """A name a cachebuild cache folder may hold (anything else makes a folder without a cache foreign)."""
+    return name in (MANIFEST_NAME, BUILD_RECORD, LOCK_NAME, GENERATIONS_DIR, STAGING_DIR) or name.startswith("shard-") or is_tmp_name(Path(name))
+
+
+def manifest_damaged(output: Any, manifest: dict[str, Any]) -> bool:
+    """A complete cache whose files no longer match its manifest (missing, truncated, grown): a cheap size check
+    on rerun; flipped bits of the same size are found by ``cachebuild verify``."""
+    for entry in manifest.get("shards") or []:
+        try:
+            if output.size(entry["name"]) != entry["bytes"] or output.size(entry["index"]) != entry["index_bytes"]:
+                return True
+        except (KeyError, TypeError):
+            return True
+    return False
 
 
 def done_name(shard: str) -> str:

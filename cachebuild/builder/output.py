@@ -12,12 +12,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from cachebuild.builder.markers import file_sha256, read_json, write_json
+from cachebuild.format.atomic import fsync_dir
 from cachebuild.errors import CacheBuildError, OutputError
 
 __all__ = ["Output", "LocalOutput", "RemoteOutput", "open_output", "is_url"]
@@ -74,6 +76,20 @@ class LocalOutput:
         except OSError:
             return None
 
+    def child(self, name: str) -> "LocalOutput":
+        """The output of the folder ``name`` inside this one (``--overwrite``'s staging folder)."""
+        return LocalOutput(self.path / name)
+
+    def move_to(self, name: str, dst: Output) -> None:
+        """Rename file ``name`` into ``dst`` (same filesystem: atomic, replacing a file of that name)."""
+        if not isinstance(dst, LocalOutput):
+            raise OutputError(f"cannot move {self.path / name} to {dst.location}: not a local folder")
+        os.replace(self.path / name, dst.path / name)
+
+    def flush(self) -> None:
+        """Persist the renames and removals made in the folder so far."""
+        fsync_dir(self.path)
+
 
 def _remote_errors(cls: type) -> type:
     """Turn any failure of the storage client (botocore, aiohttp, fsspec: unreachable endpoint,
@@ -93,7 +109,7 @@ def _remote_errors(cls: type) -> type:
 
         return method
 
-    for name in ("publish", "names", "read_json", "write_bytes", "read_bytes", "remove", "size", "sha256"):
+    for name in ("publish", "names", "read_json", "write_bytes", "read_bytes", "remove", "size", "sha256", "move_to"):
         setattr(cls, name, wrap(getattr(cls, name)))
     return cls
 
@@ -172,6 +188,21 @@ class RemoteOutput:
             return int(self.fs.info(self._p(name))["size"])
         except (OSError, KeyError):
             return None
+
+    def child(self, name: str) -> "RemoteOutput":
+        """The output of the prefix ``name`` under this one (``--overwrite``'s staging prefix)."""
+        return RemoteOutput(f"{self.location}/{name}", self.storage_options)
+
+    def move_to(self, name: str, dst: Output) -> None:
+        """Copy object ``name`` to ``dst`` (server side, one atomic PUT), then delete it here: an object
+        store has no rename, and a crash in between leaves both copies, which a rerun moves again."""
+        if not isinstance(dst, RemoteOutput):
+            raise OutputError(f"cannot move {self._p(name)} to {dst.location}: not the same store")
+        self.fs.copy(self._p(name), dst._p(name))
+        self.fs.rm(self._p(name))
+
+    def flush(self) -> None:
+        """Nothing to persist: each object store operation is durable when it returns."""
 
     def sha256(self, name: str) -> str | None:
         h = hashlib.sha256()

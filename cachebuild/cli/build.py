@@ -15,6 +15,11 @@ from cachebuild.errors import ConfigError
 __all__ = ["generate_command", "mel_command", "build_command"]
 
 
+OVERWRITE_HELP = (
+    "Replace a cache at --out that was built with another config. The new cache is built inside it, in .overwrite/, "
+    "and swapped in only when complete: the old one stays readable until then, a rerun resumes, and the disk (or bucket) "
+    "needs room for both caches meanwhile."
+)
 BACKEND_HELP = "What runs the shards: loky (local processes), threading, dask (one task per shard on the cluster) or ray."
 
 
@@ -65,7 +70,7 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help=BACKEND_HELP)
 @click.option("--scheduler", type=str, default=None, help="Dask scheduler address (with --backend dask; default: a local cluster).")
 @click.option("--address", type=str, default=None, help="Ray cluster address (with --backend ray; default: a local Ray).")
-@click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @click.option("--append", is_flag=True, help="Add --graphs fresh graphs to the cache at --out as its next generation (same recipe, checked; see docs/growing-caches.md).")
 @click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -128,7 +133,7 @@ def generate_command(**o: Any) -> None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set n_mels=128 (repeatable).")
 @click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help=BACKEND_HELP)
 @click.option("--scheduler", "--address", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
-@click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
 def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, codec, level, pack, shard_mb, h5_datasets, overrides, backend, address, overwrite, quiet) -> None:
@@ -185,7 +190,7 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB (build.shard_mb) [default: the recipe's, else 256].")
 @click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help=BACKEND_HELP)
 @click.option("--address", "--scheduler", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
-@click.option("--overwrite", is_flag=True, help="Replace a cache at --out that was built with another config.")
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @click.option("--append", is_flag=True, help="Add --records fresh records to the cache at --out as its next generation (same recipe, checked).")
 @click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")

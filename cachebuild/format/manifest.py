@@ -166,6 +166,8 @@ def _missing_manifest_hint(root: Path) -> str:
     """Why a folder has no manifest: it does not exist, a build stopped before publishing it, or it is no cache."""
     if not root.exists():
         return " (the folder does not exist)"
+    if (root / ".overwrite" / "swap.json").is_file():  # an --overwrite swap a crash interrupted (cachebuild.builder.overwrite)
+        return " (an --overwrite build was being swapped in: rerun that build command to finish it)"
     if (root / "build.json").is_file():  # the builder's record of an unfinished build (cachebuild.builder.markers)
         return " (incomplete build? rerun the same command to finish it)"
     return " (not a cachebuild cache: build one with `cachebuild generate`, `mel` or `build`)"

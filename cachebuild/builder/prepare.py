@@ -1,0 +1,98 @@
+"""What a fresh build finds at its output, and what it does about it before building.
+
+:func:`prepare_out` looks at the output folder (or URL) and answers one of
+
+* ``"complete"``: it already holds this exact cache (same build fingerprint,
+  every file the manifest lists at its size): nothing to do;
+* ``"build"``: build here, resuming the shards already done for this
+  fingerprint (an empty folder, an unfinished build of this recipe, or a
+  complete one that lost a file);
+* ``"stage"``: it holds a cache (or an unfinished build with finished shards)
+  of another recipe and ``--overwrite`` was given: the new cache is built in
+  the staging folder and swapped in only when complete
+  (:mod:`cachebuild.builder.overwrite`); nothing of the old cache is touched
+  here.
+
+Without ``--overwrite`` another recipe is refused, naming the keys that
+differ.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from cachebuild.builder.markers import BUILD_RECORD, is_ours, manifest_damaged
+from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
+from cachebuild.builder.output import LocalOutput, Output
+from cachebuild.builder.overwrite import drop_redundant_staging, staged_fingerprint, staged_note
+from cachebuild.errors import CacheMismatchError, OutputError
+from cachebuild.format.atomic import is_tmp_name, output_error
+from cachebuild.format.manifest import MANIFEST_NAME
+
+__all__ = ["Prepared", "prepare_out", "check_local"]
+
+Prepared = Literal["complete", "build", "stage"]
+
+
+def check_local(out: LocalOutput) -> None:
+    """The output folder exists (created) and is writable, or one ``OutputError`` line."""
+    path = out.path
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"output path {path} exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise output_error(path, exc) from exc
+    if not os.access(path, os.W_OK):
+        raise OutputError(f"cannot write {path}: not writable")
+
+
+def _existing(out: Output, names: list[str]) -> tuple[str | None, dict[str, Any] | None, dict[str, Any] | None]:
+    """(fingerprint, fingerprint document, manifest) of what the output holds: a complete cache, or an
+    unfinished build that finished at least one shard (one that finished none has nothing to keep)."""
+    if MANIFEST_NAME in names:
+        manifest = out.read_json(MANIFEST_NAME) or {}
+        return (manifest.get("build") or {}).get("fingerprint"), fingerprint_doc_of_manifest(manifest), manifest
+    if BUILD_RECORD in names and any(n.endswith(".done.json") for n in names):
+        record = out.read_json(BUILD_RECORD) or {}
+        doc = record.get("doc")
+        return record.get("fingerprint"), doc if isinstance(doc, dict) else None, None
+    return None, None, None
+
+
+def prepare_out(out: Output, doc: dict[str, Any], fingerprint: str, overwrite: bool) -> Prepared:
+    """Make the output ready for the build of ``doc`` (fingerprint ``fingerprint``); see the module docstring.
+
+    An interrupted swap must already be finished
+    (:func:`cachebuild.builder.overwrite.finish_swap`, under the build lock of a local output).
+    """
+    if isinstance(out, LocalOutput):
+        check_local(out)
+    names = out.names()
+    foreign = [n for n in names if not is_ours(n)]
+    if foreign and MANIFEST_NAME not in names and BUILD_RECORD not in names:
+        raise OutputError(f"output folder {out.location} is not empty and is not a cachebuild cache (found {foreign[0]!r}); choose another --out")
+    previous, previous_doc, manifest = _existing(out, names)
+    staged = staged_fingerprint(out)
+    if manifest is not None and previous == fingerprint:
+        if not manifest_damaged(out, manifest):
+            drop_redundant_staging(out, fingerprint)
+            return "complete"
+        out.remove(MANIFEST_NAME)  # not complete any more: the resume re-checks every shard (sha256) and rebuilds the bad ones
+        return "build"
+    if staged == fingerprint and (overwrite or previous is None):
+        return "stage"  # resume (or swap in) this recipe's staged build
+    if previous is not None and previous != fingerprint:
+        if not overwrite:
+            differs = describe_differences(previous_doc, doc) if isinstance(previous_doc, dict) else ""
+            hint = f"; {staged_note(out)}" if staged == fingerprint else ""
+            raise CacheMismatchError(
+                f"{out.location} holds a cache built with another config, seed, codec or size{' (' + differs + ')' if differs else ''}; pass --overwrite to replace it, or choose another --out{hint}"
+            )
+        return "stage"
+    for n in names:
+        if is_tmp_name(Path(n)):
+            out.remove(n)
+    return "build"
