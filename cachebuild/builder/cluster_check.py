@@ -1,9 +1,11 @@
-"""Check a Ray cluster address before a build touches its output: a wrong one fails in seconds.
+"""Check a cluster's address before a build touches its output: a wrong one fails in seconds.
 
 ``ray.init`` given a closed port or an unknown host retries inside Ray for minutes (every attempt
 waits out 5 + 5 + 30 s of gRPC timeouts, 20 attempts), a Ray Client address (``ray://``) for
-35 s, and a malformed one is a traceback, each after the build has written its ``build.json``.
-So the address the build would hand to Ray is checked first, the way Ray reads it:
+35 s, and a malformed one is a traceback, each after the build has written its ``build.json``
+(and, with ``--overwrite``, removed the old cache; the same for an unreachable Dask scheduler,
+after Dask's 30 s). So the address the build would hand to Ray is checked first, the way Ray
+reads it:
 
 - none (``--address`` not given) or ``local``: a local Ray is started; nothing to check.
   ``RAY_ADDRESS``, when set, stands in for none and for ``auto``, as in ``ray.init``.
@@ -12,10 +14,11 @@ So the address the build would hand to Ray is checked first, the way Ray reads i
   (Ray Client, port 10001 by default): the port must be a number, the host must resolve within
   ``RESOLVE_TIMEOUT_S`` and accept a TCP connection within ``CONNECT_TIMEOUT_S``.
 
-A failure is one :class:`~cachebuild.errors.ConfigError` (exit code 2, as for an unreachable
-Dask scheduler: the fix is the flag's value) naming the address, where it came from and what
-failed. A port that accepts connections but is no Ray (another service) is still left to Ray;
-:func:`ray_connect_env` bounds that wait to about 40 s (Ray's own settings).
+A Dask scheduler address (``[tcp://|tls://]HOST:PORT``) gets the same resolve and connect.
+A failure is one :class:`~cachebuild.errors.ConfigError` (exit code 2, as Dask's always was: the
+fix is the flag's value, and exit code 7 is about remote caches) naming the address, where it
+came from and what failed. A port that accepts connections but is no Ray (another service) is
+still left to Ray; :func:`ray_connect_env` bounds that wait to about 40 s (Ray's own settings).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 from cachebuild.errors import ConfigError
 
-__all__ = ["CONNECT_TIMEOUT_S", "RESOLVE_TIMEOUT_S", "check_cluster", "check_ray_address", "ray_connect_env", "ray_connects", "ray_target"]
+__all__ = ["CONNECT_TIMEOUT_S", "RESOLVE_TIMEOUT_S", "check_cluster", "check_dask_address", "check_ray_address", "ray_connect_env", "ray_connects", "ray_target"]
 
 CONNECT_TIMEOUT_S = 3.0
 RESOLVE_TIMEOUT_S = 5.0
@@ -126,13 +129,32 @@ def _connect(host: str, port: int) -> None:
 
 
 def check_cluster(backend: str, address: str | None) -> None:
-    """Raise one ConfigError, before any output is written, if ``backend`` cannot run: Ray not installed,
-    or its cluster unreachable (:func:`check_ray_address`). Other backends are checked when they start."""
-    if backend != "ray":
+    """Raise one ConfigError, before any output is written, if ``backend`` cannot run: Ray or Dask not
+    installed, or the cluster at its address unreachable (:func:`check_ray_address`, :func:`check_dask_address`)."""
+    if backend not in ("ray", "dask"):
         return
-    if importlib.util.find_spec("ray") is None:
-        raise ConfigError("backend 'ray' needs the ray extra: pip install 'cachebuild[ray]'")
-    check_ray_address(address)
+    module, extra = ("ray", "ray") if backend == "ray" else ("distributed", "dask")
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"backend '{backend}' needs the {extra} extra: pip install 'cachebuild[{extra}]'")
+    if backend == "ray":
+        check_ray_address(address)
+    elif address:
+        check_dask_address(address)
+
+
+def check_dask_address(address: str) -> None:
+    """A Dask scheduler at ``[tcp://|tls://]HOST:PORT`` must accept a TCP connection (Dask's own wait is 30 s,
+    after ``--overwrite`` removed the old cache); other protocols (``ucx://``, ``inproc://``) are Dask's to check."""
+    scheme, _, rest = address.rpartition("://")
+    if scheme not in ("", "tcp", "tls"):
+        return
+    m = _HOST_PORT.match(rest.rstrip("/"))
+    if m is None or not m.group("port").isdigit() or not 1 <= int(m.group("port")) <= 65535:
+        raise ConfigError(f"bad Dask scheduler address {address}: expected [tcp://]HOST:PORT, e.g. tcp://10.0.0.5:8786")
+    try:
+        _connect(m.group("v6") or m.group("host"), int(m.group("port")))
+    except OSError as exc:
+        raise ConfigError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
 
 
 def check_ray_address(address: str | None) -> None:

@@ -1,4 +1,4 @@
-"""A wrong Ray address fails in seconds with one line, before the build touches its output.
+"""A wrong Ray address (or Dask scheduler) fails in seconds with one line, before the build touches its output.
 
 It was Ray retrying inside ``ray.init`` for minutes (a closed port, an unknown host: > 200 s
 measured), or a traceback after ``build.json`` was written (a malformed address). Real sockets:
@@ -21,7 +21,7 @@ from typing import Iterator
 
 import pytest
 
-from cachebuild.builder.cluster_check import check_ray_address, ray_connect_env, ray_connects, ray_target
+from cachebuild.builder.cluster_check import check_dask_address, check_ray_address, ray_connect_env, ray_connects, ray_target
 from cachebuild.errors import ConfigError
 from conftest import build_toy
 from ports import free_port
@@ -138,6 +138,28 @@ def test_cli_wrong_address_is_one_line_in_seconds_and_the_old_cache_stays(tmp_pa
     res, took = _generate(tmp_path / "fresh", "--backend", "ray", env={"RAY_ADDRESS": f"127.0.0.1:{port}"})
     assert _one_line(res).startswith(f"error: cannot reach the Ray cluster at 127.0.0.1:{port} (from RAY_ADDRESS): "), res.stderr
     assert took < FAST_S and not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.timeout(240)
+def test_cli_unreachable_dask_scheduler_keeps_the_old_cache(tmp_path: Path) -> None:
+    """Dask's own 30 s wait came after --overwrite had removed the old cache."""
+    pytest.importorskip("distributed")
+    out = tmp_path / "cache"
+    res, _ = _generate(out, "-j", "1")
+    assert res.returncode == 0, res.stderr
+    before = _hashes(out)
+    port = _closed_port()
+    for address, says in [(f"tcp://127.0.0.1:{port}", "TCP connection to 127.0.0.1 port"), ("tcp://sched.invalid:8786", "cannot resolve host"), ("127.0.0.1", "expected [tcp://]HOST:PORT")]:
+        res, took = _generate(out, "--seed", "7", "--overwrite", "--backend", "dask", "--scheduler", address)
+        line = _one_line(res)
+        assert line.startswith((f"error: cannot reach the Dask scheduler at {address}: {says}", f"error: bad Dask scheduler address {address}: {says}")), line
+        assert took < FAST_S and _hashes(out) == before, f"{address}: {took:.1f} s"
+
+
+def test_dask_forms_it_does_not_know_are_left_to_dask() -> None:
+    check_dask_address("inproc://whatever")  # not a TCP address: Dask checks it when it connects
+    with pytest.raises(ConfigError, match=r"^bad Dask scheduler address tcp://h:x: "):
+        check_dask_address("tcp://h:x")
 
 
 @pytest.fixture
