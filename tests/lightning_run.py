@@ -6,7 +6,8 @@ trains a tiny model with Lightning's DDP (gloo, CPU) for two epochs through
 trained on (epoch, step, record ids) to ``OUT/TAG-rank<r>.jsonl``. It saves a
 checkpoint after every step (``OUT/TAG-steps/``) and at every epoch's end
 (``OUT/TAG-epochs/``). ``--die-at S`` kills every rank (``os._exit``) right
-after step ``S``, before that step's checkpoint: a crash mid-epoch.
+after step ``S``, before that step's checkpoint: a crash mid-epoch (exit code 3, after one
+line on stderr per rank: ``[lightning_run] died on purpose: rank R at step S``).
 
 A run never hangs: every rank dumps its threads' stacks to stderr and exits
 after ``LIGHTNING_RUN_WATCHDOG_S`` seconds (default 240), collectives time out
@@ -56,13 +57,19 @@ class Tiny(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
+DIED, DIED_CODE = "[lightning_run] died on purpose:", 3
+"""What ``--die-at`` prints on every rank's stderr, and its exit code."""
+
+
 class Die(pl.Callback):
     def __init__(self, step: int):
         self.step = step
 
     def on_train_batch_end(self, trainer, *args) -> None:
         if trainer.global_step == self.step:
-            os._exit(3)
+            # said on stderr (the test checks every rank died here, not of something else), then no cleanup at all
+            print(f"{DIED} rank {trainer.global_rank} at step {self.step}", file=sys.stderr, flush=True)
+            os._exit(DIED_CODE)
 
 
 def quiet_cpu_trainer(devices: int, **kwargs: object) -> pl.Trainer:

@@ -19,6 +19,7 @@ from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.records import read_record
 from cachebuild.tools.verify import verify_cache
+from bounded_run import tails
 from grow_fixtures import cli, folder_bytes, shard_files, toy_recipe
 
 TOY = ToySource(n_min=4, n_max=4)
@@ -63,7 +64,7 @@ def test_append_refuses_an_explicit_default_pack_too(tmp_path: Path) -> None:
         _toy(root, records=50, append=True, pack=256)
     recipe = toy_recipe(tmp_path)
     refused = cli("build", "--config", str(recipe), "--out", str(root), "-q", "--append", "--records", "50", "--set", "build.pack=256", check=False)
-    assert refused.returncode == 2 and "build.pack = 256" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.returncode == 2 and "build.pack = 256" in refused.stderr and "Traceback" not in refused.stderr, tails(refused)
     assert folder_bytes(root) == before
 
 
@@ -163,7 +164,7 @@ def test_append_where_there_is_no_cache(tmp_path: Path) -> None:
     assert not (tmp_path / "missing").exists()
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
     proc = cli("build", "--config", str(recipe), "--out", str(tmp_path / "x"), "-q", "--keep", "2", check=False)
-    assert proc.returncode == 2 and "add --append" in proc.stderr and not (tmp_path / "x").exists()
+    assert proc.returncode == 2 and "add --append" in proc.stderr and not (tmp_path / "x").exists(), tails(proc)
 
 
 def test_append_refuses_another_kind_and_api_errors(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DistributedSampler
 
-from bounded_run import run_bounded
+from bounded_run import run_bounded, tails
 from loaders import ShardStream
 
 pytest.importorskip("lightning")
@@ -33,7 +33,7 @@ BATCH, SEED, RECORDS = 30, 3, 300  # 10 batches per epoch
 def _run(cache: Path, out: Path, tag: str, kind: str, max_steps: int, *extra: str) -> list[list]:
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]))
     res = run_bounded([sys.executable, str(SCRIPT), str(cache), str(out), tag, kind, str(max_steps), *extra], env, 270)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, tails(res)
     return [json.loads(line) for line in (out / f"{tag}.jsonl").read_text().splitlines()]
 
 

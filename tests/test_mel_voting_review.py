@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from loader_fixtures import build_mel_from_arrays
-from bounded_run import run_bounded
+from bounded_run import run_bounded, tails
 from ports import free_port
 
 SCRIPT = Path(__file__).with_name("vote_ranks_run.py")
@@ -47,7 +47,7 @@ def test_two_ranks_vote_like_one_after_all_reduce(mel_cache, tmp_path):
     assert 0 < (want >= 0.5).sum() < len(want)  # the stand-in model splits the files
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]))
     done = run_bounded([sys.executable, str(SCRIPT), str(mel_cache), str(free_port()), str(tmp_path)], env, 120)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, tails(done)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in ranks:
         np.testing.assert_allclose(r["after"], want, rtol=0, atol=1e-12)

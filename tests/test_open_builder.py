@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import cachebuild
+from bounded_run import tails
 from cachebuild.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,7 +85,7 @@ def test_build_command_with_a_user_module_builds_verifies_and_streams(user_folde
     res = _cli(["verify", "cache", "-q"], user_folder)
     assert res.returncode == 0 and "600 records decoded" in res.stdout, res.stderr
     again = _cli(["build", "--config", "recipe.toml", "--set", "params.length=20", "--out", "cache", "-q"], user_folder)
-    assert again.returncode == 0 and "already complete" in again.stdout
+    assert again.returncode == 0 and "already complete" in again.stdout, tails(again)
 
     from loaders import ShardStream
 
@@ -145,7 +146,8 @@ def test_bad_source_is_one_line_and_the_existing_cache_stays(user_folder: Path, 
     for word in words:
         assert word in lines[0], lines[0]
     assert {p.name: p.read_bytes() for p in (user_folder / "cache").iterdir()} == before
-    assert _cli(["verify", "cache", "-q"], user_folder).returncode == 0
+    verified = _cli(["verify", "cache", "-q"], user_folder)
+    assert verified.returncode == 0, tails(verified)
 
 
 def test_a_source_failing_late_names_its_record(user_folder: Path) -> None:
@@ -154,7 +156,7 @@ def test_a_source_failing_late_names_its_record(user_folder: Path) -> None:
     (user_folder / "late.toml").write_text('kind = "mydata:raises_late"\nrecords = 600\n[build]\nshard_mb = 0.01\n')
     for workers, out in (("1", "one"), ("2", "two")):
         res = _cli(["build", "--config", "late.toml", "--out", out, "-q", "-j", workers], user_folder)
-        assert res.returncode == 6
+        assert res.returncode == 6, tails(res)
         line = res.stderr.strip()
         assert "\n" not in line and line.startswith("error: source 'mydata:_raises' shard "), line
         shard, record = map(int, re.search(r"shard (\d+) record (\d+) raised ValueError: no data for (\d+)", line).groups()[:2])

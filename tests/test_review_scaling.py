@@ -49,15 +49,17 @@ def remote_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[s
     home.mkdir()
     (home / "cluster.py").write_text(CLUSTER)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "cluster.py", str(home / "addr"), str(request.param)], cwd=home, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = home / "cluster.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "cluster.py", str(home / "addr"), str(request.param)], cwd=home, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
             if (home / "addr").exists():
                 break
-            assert proc.poll() is None, "the Dask cluster did not start"
+            assert proc.poll() is None, f"the Dask cluster did not start (exit code {proc.returncode}):\n{log.read_text()[-3000:]}"
             time.sleep(0.1)
         else:
-            pytest.fail("the Dask cluster did not start within 60 s")
+            pytest.fail(f"the Dask cluster did not start within 60 s:\n{log.read_text()[-3000:]}")
         yield (home / "addr").read_text()
     finally:
         proc.kill()
@@ -68,8 +70,8 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{cwd}"}
     try:
         return subprocess.run([sys.executable, "-m", "cachebuild.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=150)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"`cachebuild {' '.join(args)}` hung")
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"`cachebuild {' '.join(args)}` hung; its stderr so far:\n{(exc.stderr or b'')[-3000:]!r}")
 
 
 def _hashes(root: Path) -> dict[str, str]:

@@ -187,7 +187,7 @@ def test_sigkill_mid_copy_leaves_no_manifest_and_restage_completes(src, tmp_path
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.returncode == -signal.SIGKILL, f"exit code {proc.returncode} (its output: the test's captured stderr)"
     assert (dst / STAMP_NAME).exists() and not (dst / MANIFEST_NAME).exists() and _tmp_files(dst)
     with pytest.raises(ManifestError):
         read_manifest(dst)

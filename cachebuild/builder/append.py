@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cachebuild.builder.backends import run_jobs
+from cachebuild.builder.cluster_check import check_cluster
 from cachebuild.format.packing import effective_pack
 from cachebuild.builder.builder import BuildOptions, BuildSummary, _build_shard, finished_shards, _fingerprint_doc, _index_of, _progress, records_per_shard
 from cachebuild.builder.generation_manifest import APPEND_RECORD, commit_generation, generation_table
@@ -130,6 +131,7 @@ def _cache_defaults(manifest: Manifest, opts: BuildOptions) -> BuildOptions:
 def append_cache(source: RecordSource, opts: BuildOptions, unit: str = "records") -> BuildSummary:
     """Add one generation of ``opts.records`` fresh records to the cache at ``opts.out`` (see the module docstring)."""
     opts.validate()
+    check_cluster(opts.backend, opts.address)
     t0 = time.perf_counter()
     _finish_swap(opts)
     out = _local_cache(opts)

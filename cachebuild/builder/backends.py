@@ -14,7 +14,10 @@ worker, so a cluster that cannot load it (no cachebuild there, an installed modu
 missing) is one error naming the module, and a cluster that runs nothing is an error
 after ``PROBE_TIMEOUT_S``.
 
-Ray: ``ray.init(address)`` (or a local Ray) and Ray's joblib backend.
+Ray: ``ray.init(address)`` (or a local Ray) and Ray's joblib backend. The build checks the
+address before it touches its output (:mod:`cachebuild.builder.cluster_check`); ``ray.init``
+then runs with Ray's connection retries bounded, so a port that accepts TCP but is no Ray
+fails in about 40 s instead of retrying for many minutes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import logging
 import os
 from typing import Any, Callable, Iterator, Sequence
 
+from cachebuild.builder.cluster_check import ray_connect_env, ray_connects
 from cachebuild.errors import ConfigError
 
 __all__ = ["BACKENDS", "run_jobs"]
@@ -113,16 +117,38 @@ def _dask_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, addres
 
 
 @contextlib.contextmanager
-def _ray_session(address: str | None) -> Iterator[None]:
+def _ray_bounded(address: str | None) -> Iterator[None]:
+    """Ray's connection settings of :func:`ray_connect_env` while Ray is imported and connects to a cluster
+    (Ray reads some at import, some in ``ray.init``), the environment as it was afterwards."""
+    settings = ray_connect_env() if ray_connects(address) else {}
+    os.environ.update(settings)
     try:
-        import ray
-        from ray.util.joblib import register_ray
-    except ImportError as exc:
-        raise ConfigError("backend 'ray' needs the ray extra: pip install 'cachebuild[ray]'") from exc
-    started = False
-    if not ray.is_initialized():
+        yield
+    finally:
+        for key in settings:
+            os.environ.pop(key, None)
+
+
+def _ray_init(ray: Any, address: str | None) -> None:
+    """``ray.init``; a cluster that accepted the TCP check (:mod:`cluster_check`) but did not answer as Ray is one line."""
+    try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        started = True
+    except ConnectionError as exc:
+        raise ConfigError(f"cannot connect to the Ray cluster at {address or os.environ.get('RAY_ADDRESS') or 'a new local Ray'}: {' '.join(str(exc).split())}") from None
+
+
+@contextlib.contextmanager
+def _ray_session(address: str | None) -> Iterator[None]:
+    with _ray_bounded(address):
+        try:
+            import ray
+            from ray.util.joblib import register_ray
+        except ImportError as exc:
+            raise ConfigError("backend 'ray' needs the ray extra: pip install 'cachebuild[ray]'") from exc
+        started = False
+        if not ray.is_initialized():
+            _ray_init(ray, address)
+            started = True
     register_ray()
     try:
         yield

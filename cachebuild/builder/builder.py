@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from cachebuild.builder.backends import BACKENDS, run_jobs
+from cachebuild.builder.cluster_check import check_cluster
 from cachebuild.builder.checked import block_records_of, check_schema, fill_shard, probe_source
 from cachebuild.builder.determinism import build_environment, source_determinism
 from cachebuild.builder.lock import build_lock
@@ -219,6 +220,7 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
     """Build (or finish, or confirm) the cache described by ``source`` and ``opts`` (not an append:
     :func:`cachebuild.builder.build_cache` picks this or :func:`cachebuild.builder.append.append_cache`)."""
     opts.validate()
+    check_cluster(opts.backend, opts.address)  # before the output is touched: a wrong address costs nothing
     check_schema(source)
     t0 = time.perf_counter()
     record_bytes = source.estimated_record_bytes()

@@ -69,7 +69,12 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set interventions.intervention_prob=0.3 (repeatable).")
 @click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help=BACKEND_HELP)
 @click.option("--scheduler", type=str, default=None, help="Dask scheduler address (with --backend dask; default: a local cluster).")
-@click.option("--address", type=str, default=None, help="Ray cluster address (with --backend ray; default: a local Ray).")
+@click.option(
+    "--address",
+    type=str,
+    default=None,
+    help="Ray cluster address with --backend ray: HOST:PORT, ray://HOST:PORT, auto or local [default: RAY_ADDRESS if set, else a local Ray]; checked before the build starts.",
+)
 @click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @click.option("--append", is_flag=True, help="Add --graphs fresh graphs to the cache at --out as its next generation (same recipe, checked; see docs/growing-caches.md).")
 @click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
