@@ -73,6 +73,7 @@ class FailFrom:
         yield from self.inner.blocks(seed, shard, start, stop)
 
 
+# `build(...)` is given pack=1: the layout of build_toy's Codec(), so both name the same build
 def test_a_build_failing_at_a_later_shard_keeps_the_old_cache_and_its_staged_shards(tmp_path, made):
     from cachebuild import build
 
@@ -80,7 +81,7 @@ def test_a_build_failing_at_a_later_shard_keeps_the_old_cache_and_its_staged_sha
     shutil.copytree(made["old"], root)
     before = _files(root)
     with pytest.raises(SourceError, match="shard 3"):
-        build(FailFrom(ToySource(), 3), root, records=NEW["records"], seed=NEW["seed"], shard_mb=20_000 / 2**20, workers=1, overwrite=True, progress=False)
+        build(FailFrom(ToySource(), 3), root, records=NEW["records"], seed=NEW["seed"], shard_mb=20_000 / 2**20, workers=1, overwrite=True, progress=False, pack=1)
     assert _files(root) == before and verify_cache(root).ok  # the old cache: complete, readable, not a byte changed
     staged = root / STAGING_DIR
     assert sorted(p.name for p in staged.glob("*.done.json")) == [f"shard-0000{i}.done.json" for i in range(3)]
@@ -105,7 +106,7 @@ def test_a_source_failing_in_its_first_shard_leaves_no_staging_folder(tmp_path, 
     shutil.copytree(made["old"], root)
     before = _files(root)
     with pytest.raises(SourceError, match="shard 0"):
-        build(FailFrom(ToySource(), 0), root, records=NEW["records"], seed=NEW["seed"], shard_mb=20_000 / 2**20, workers=1, overwrite=True, progress=False)
+        build(FailFrom(ToySource(), 0), root, records=NEW["records"], seed=NEW["seed"], shard_mb=20_000 / 2**20, workers=1, overwrite=True, progress=False, pack=1)
     assert _files(root) == before and sorted(p.name for p in root.iterdir()) == sorted(before)
 
 
@@ -114,7 +115,7 @@ import sys
 from cachebuild import build
 from cachebuild.testing import ToySource
 from contract_sources import Slow
-build(Slow(ToySource(), pause=0.15), sys.argv[1], records=600, seed=1, shard_mb=20_000 / 2**20, workers=1, overwrite=True, progress=False)
+build(Slow(ToySource(), pause=0.15), sys.argv[1], records=600, seed=1, shard_mb=20_000 / 2**20, workers=1, overwrite=True, progress=False, pack=1)
 """
 
 

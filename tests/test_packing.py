@@ -300,3 +300,6 @@ def test_a_rerun_without_pack_keeps_the_layout_of_the_cache_there(tmp_path: Path
     assert choose_pack(256, False, 30_000, LocalOutput(partial)) == 9
     assert choose_pack(256, False, 30_000, LocalOutput(tmp_path / "new")) == 1
     assert choose_pack(256, True, 30_000, LocalOutput(partial)) == 256
+    assert choose_pack(256, False, 30_000, None) == 1  # --overwrite: the cache there does not count
+    r = CliRunner().invoke(main, [*args, "--overwrite"])  # replaces the packed cache with the default layout
+    assert r.exit_code == 0 and read_manifest(out).codec.pack == 1, r.output

@@ -241,7 +241,8 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
 
 
 def _with_pack(opts: BuildOptions, record_bytes: int, out: Output) -> BuildOptions:
-    return replace(opts, codec=replace(opts.codec, pack=choose_pack(opts.codec.pack, opts.pack_given, record_bytes, out)))
+    """``opts`` with the pack to write (an ``--overwrite`` replaces the cache there: it does not take its pack)."""
+    return replace(opts, codec=replace(opts.codec, pack=choose_pack(opts.codec.pack, opts.pack_given, record_bytes, None if opts.overwrite else out)))
 
 
 def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0: float, per_shard: int) -> BuildSummary:

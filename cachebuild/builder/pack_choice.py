@@ -21,15 +21,16 @@ from cachebuild.format.packing import DEFAULT_PACK, MAX_PACK, MEMBER_BYTES, defa
 __all__ = ["choose_pack"]
 
 
-def choose_pack(asked: int, given: bool, record_bytes: int, out: Output) -> int:
-    """The ``pack`` a fresh build (or its rerun) writes with; see the module's docstring."""
+def choose_pack(asked: int, given: bool, record_bytes: int, out: Output | None) -> int:
+    """The ``pack`` a fresh build (or its rerun) writes with; see the module's docstring. ``out``
+    None: no cache there counts (``--overwrite`` replaces it, recipe and layout alike)."""
     if given or asked != DEFAULT_PACK:
         pack = effective_pack(asked, record_bytes)
         if given and pack < asked:
             msg = f"build.pack = {asked}: packing {pack} records per tar member instead, so a member stays within {MEMBER_BYTES >> 20} MB (records of about {record_bytes:,} bytes)"
             warnings.warn(msg, UserWarning, stacklevel=3)
         return pack
-    existing = _existing_pack(out)
+    existing = _existing_pack(out) if out is not None else None
     return existing if existing is not None else effective_pack(default_pack(record_bytes), record_bytes)
 
 
