@@ -302,7 +302,7 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
     if n_shards > MAX_SHARDS:
         raise ConfigError(f"{opts.records} records at {per_shard} per shard make {n_shards} shards, more than {MAX_SHARDS}: raise build.shard_mb or build fewer records")
     out = open_output(opts.out, opts.storage_options)
-    opts = replace(opts, codec=replace(opts.codec, pack=choose_pack(opts.codec.pack, opts.pack_given, record_bytes, out)))
+    opts = replace(opts, codec=replace(opts.codec, pack=choose_pack(opts.codec.pack, opts.pack_given, record_bytes, out, opts.overwrite)))
     if not isinstance(out, LocalOutput):
         return _build(source, opts, out, unit, t0, per_shard)
     _check_local(out)

@@ -4,7 +4,8 @@ Given (``--pack``, ``build.pack``, ``pack=``): that value, lowered so a member s
 within :data:`~cachebuild.format.packing.MEMBER_BYTES` (said in one warning line).
 Not given and left at the recipes' :data:`~cachebuild.format.packing.DEFAULT_PACK`: the
 pack of the cache already at the output, if any (a rerun resumes or confirms a cache in its
-own layout, as an append grows it in its own), otherwise
+own layout, as an append grows it in its own; not with ``overwrite``, which replaces that
+cache, so the command writes what it writes into an empty folder), otherwise
 :func:`~cachebuild.format.packing.default_pack` of the source's record size. (A
 ``BuildOptions`` made in code with another ``Codec.pack`` keeps that value.)
 """
@@ -21,7 +22,7 @@ from cachebuild.format.packing import DEFAULT_PACK, MAX_PACK, MEMBER_BYTES, defa
 __all__ = ["choose_pack"]
 
 
-def choose_pack(asked: int, given: bool, record_bytes: int, out: Output) -> int:
+def choose_pack(asked: int, given: bool, record_bytes: int, out: Output, overwrite: bool = False) -> int:
     """The ``pack`` a fresh build (or its rerun) writes with; see the module's docstring."""
     if given or asked != DEFAULT_PACK:
         pack = effective_pack(asked, record_bytes)
@@ -29,7 +30,7 @@ def choose_pack(asked: int, given: bool, record_bytes: int, out: Output) -> int:
             msg = f"build.pack = {asked}: packing {pack} records per tar member instead, so a member stays within {MEMBER_BYTES >> 20} MB (records of about {record_bytes:,} bytes)"
             warnings.warn(msg, UserWarning, stacklevel=3)
         return pack
-    existing = _existing_pack(out)
+    existing = None if overwrite else _existing_pack(out)
     return existing if existing is not None else effective_pack(default_pack(record_bytes), record_bytes)
 
 
