@@ -320,3 +320,20 @@ def test_overwrite_without_pack_writes_the_default_not_the_replaced_caches_pack(
     assert [(out / s.name).read_bytes() for s in read_manifest(out).shards] == [(fresh / s.name).read_bytes() for s in read_manifest(fresh).shards]
     r = CliRunner().invoke(main, [*args, "--out", str(out), "--seed", "5", "--pack", "256"])  # a plain rerun still refuses another pack
     assert r.exit_code == 4 and "codec.pack" in r.output, r.output
+
+
+@pytest.mark.parametrize("command", ["generate", "mel", "build"])
+def test_help_and_api_state_the_default_pack_by_record_size(command: str) -> None:
+    """Every place a user reads the default ``pack`` states the rule by record size (found in review:
+    ``build --help`` and ``build()``'s docstring still said a flat 256; ``mel --help`` said "files",
+    which reads as the audio file's size, while the rule is the record's)."""
+    from click.testing import CliRunner
+
+    from cachebuild import build as build_api
+    from cachebuild.cli import main
+
+    text = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=10_000).output.split())
+    assert "8 KiB" in text and "pack (records per tar member: 256," not in text, text
+    assert "records of 8 KiB" in text or "records (a file's" in text, text
+    doc = " ".join((build_api.__doc__ or "").split())
+    assert "8 KiB" in doc and "to 256;" not in doc, doc
