@@ -90,8 +90,10 @@ def build(
 
     ``what`` is a :class:`RecordSource` (then ``records`` is required; ``seed``
     defaults to 0, ``codec`` to zstd, ``shard_mb`` to 256, ``pack`` (records per tar member, see
-    :mod:`cachebuild.format.packing`) to 256; with ``append`` a seed, codec, level or pack left
-    out is the cache's own), or a recipe: a TOML path or a dict, whose ``kind`` picks the source
+    :mod:`cachebuild.format.packing`) to 1 for records of 8 KiB and more and 256 for smaller
+    ones (:func:`~cachebuild.format.packing.default_pack`), and a rerun that leaves ``pack`` out
+    keeps the cache's own; with ``append`` a seed, codec, level or pack left out is the cache's
+    own), or a recipe: a TOML path or a dict, whose ``kind`` picks the source
     and whose ``[build]`` table sets codec and shard size; ``codec``, ``level``, ``pack`` and
     ``shard_mb`` given here override that table, as the CLI's flags do (``overrides`` are
     ``"key=value"`` strings as with ``--set``). Same inputs give byte-identical shards for any

@@ -60,7 +60,7 @@ def test_append_refuses_an_explicit_default_pack_too(tmp_path: Path) -> None:
     root = tmp_path / "c"
     _toy(root, pack=1)
     before = folder_bytes(root)
-    with pytest.raises(ConfigError, match=r"build\.pack = 256: .* packs 1 records per tar member"):
+    with pytest.raises(ConfigError, match=r"build\.pack = 256: .* packs 1 record per tar member"):
         _toy(root, records=50, append=True, pack=256)
     recipe = toy_recipe(tmp_path)
     refused = cli("build", "--config", str(recipe), "--out", str(root), "-q", "--append", "--records", "50", "--set", "build.pack=256", check=False)

@@ -297,9 +297,48 @@ def test_a_rerun_without_pack_keeps_the_layout_of_the_cache_there(tmp_path: Path
     partial = tmp_path / "p"
     partial.mkdir()
     (partial / "build.json").write_text('{"doc": {"codec": {"name": "zstd", "level": 1, "pack": 9}}}')
+    assert choose_pack(256, False, 30_000, LocalOutput(partial)) == 1  # no shard finished: nothing to resume
+    (partial / "shard-00000.done.json").write_text("{}")
     assert choose_pack(256, False, 30_000, LocalOutput(partial)) == 9
     assert choose_pack(256, False, 30_000, LocalOutput(tmp_path / "new")) == 1
     assert choose_pack(256, True, 30_000, LocalOutput(partial)) == 256
     assert choose_pack(256, False, 30_000, None) == 1  # --overwrite: the cache there does not count
     r = CliRunner().invoke(main, [*args, "--overwrite"])  # replaces the packed cache with the default layout
     assert r.exit_code == 0 and read_manifest(out).codec.pack == 1, r.output
+
+
+def test_overwrite_without_pack_writes_the_default_not_the_replaced_caches_pack(tmp_path: Path) -> None:
+    """``--overwrite`` replaces the cache, so its pack is the default a fresh build of the same
+    command gets, whatever the cache it replaces was packed with (found in review: the replaced
+    cache's pack was kept, so the same command wrote other bytes depending on what was at ``--out``)."""
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    out, fresh = tmp_path / "c", tmp_path / "fresh"
+    args = ["generate", "--graphs", "30", "--shard-mb", "0.5", "--workers", "1", "-q"]
+    assert CliRunner().invoke(main, [*args, "--out", str(out), "--pack", "256"]).exit_code == 0
+    r = CliRunner().invoke(main, [*args, "--out", str(out), "--seed", "5", "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert CliRunner().invoke(main, [*args, "--out", str(fresh), "--seed", "5"]).exit_code == 0
+    assert read_manifest(out).codec.pack == read_manifest(fresh).codec.pack == 1
+    assert [(out / s.name).read_bytes() for s in read_manifest(out).shards] == [(fresh / s.name).read_bytes() for s in read_manifest(fresh).shards]
+    r = CliRunner().invoke(main, [*args, "--out", str(out), "--seed", "5", "--pack", "256"])  # a plain rerun still refuses another pack
+    assert r.exit_code == 4 and "codec.pack" in r.output, r.output
+
+
+@pytest.mark.parametrize("command", ["generate", "mel", "build"])
+def test_help_and_api_state_the_default_pack_by_record_size(command: str) -> None:
+    """Every place a user reads the default ``pack`` states the rule by record size (found in review:
+    ``build --help`` and ``build()``'s docstring still said a flat 256; ``mel --help`` said "files",
+    which reads as the audio file's size, while the rule is the record's)."""
+    from click.testing import CliRunner
+
+    from cachebuild import build as build_api
+    from cachebuild.cli import main
+
+    text = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=10_000).output.split())
+    assert "8 KiB" in text and "pack (records per tar member: 256," not in text, text
+    assert "records of 8 KiB" in text or "records (a file's" in text, text
+    doc = " ".join((build_api.__doc__ or "").split())
+    assert "8 KiB" in doc and "to 256;" not in doc, doc

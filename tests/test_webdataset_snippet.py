@@ -79,3 +79,40 @@ def test_three_line_decoder_reads_a_default_generate_cache(tmp_path, codec):
                 assert got[name] == value, name
         seen.append(rid)
     assert seen == list(range(ref.manifest.records))
+
+
+@pytest.mark.parametrize("args", [["--synthetic", "12"], ["--synthetic", "12", "--codec", "zstd"], ["--synthetic", "12", "--set", "n_mels=32"]])
+def test_default_mel_caches_take_the_decoder_their_layout_needs(tmp_path, args):
+    """``cachebuild mel`` with its defaults (a ~10 KB record) writes one member per record and field,
+    which the three-line decoder reads into our reader's arrays; with records under 8 KiB
+    (``n_mels=32``) it packs them, and the index-aware snippet reads those (review of the default pack)."""
+    pytest.importorskip("webdataset")
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+    from cachebuild.format.reader import ShardSet
+    from cachebuild.format.records import read_record
+
+    root = tmp_path / "m"
+    r = CliRunner().invoke(main, ["mel", *args, "--out", str(root), "--workers", "1", "-q"])
+    assert r.exit_code == 0, r.output
+    m = Reference(root).manifest
+    small = "n_mels=32" in args
+    assert m.codec.pack == (256 if small else 1)
+    scope = {"urls": [str(root / s.name) for s in m.shards]}
+    exec(compile(_snippet("webdataset-snippet" if small else "webdataset-three-lines"), str(README), "exec"), scope)
+    seen = []
+    with ShardSet(m, root) as shards:
+        for sample in scope["dataset"]:
+            rid = int(sample["__key__"])
+            got = {k.split(".")[0]: v for k, v in sample.items() if not k.startswith("__")}
+            ours = read_record(shards, rid)
+            assert sorted(got) == sorted(ours)
+            for name, value in ours.items():
+                if isinstance(value, np.ndarray):
+                    assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+                    np.testing.assert_array_equal(got[name], value, err_msg=name)
+                else:
+                    assert got[name] == value, name
+            seen.append(rid)
+    assert seen == list(range(m.records))

@@ -113,7 +113,9 @@ def _cache_pack(manifest: Manifest, asked: int, given: bool, record_bytes: int, 
     256) that would pack differently is refused rather than silently ignored."""
     own = manifest.codec.pack
     if given and effective_pack(asked, record_bytes) != own:
-        raise ConfigError(f"build.pack = {asked}: the cache at {where} packs {own} records per tar member (its codec.pack), and an append packs as the cache does: leave --pack / build.pack out")
+        raise ConfigError(
+            f"build.pack = {asked}: the cache at {where} packs {own} record{'s' if own != 1 else ''} per tar member (its codec.pack), and an append packs as the cache does: leave --pack / build.pack out"
+        )
     return own
 
 

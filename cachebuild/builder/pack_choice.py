@@ -4,7 +4,9 @@ Given (``--pack``, ``build.pack``, ``pack=``): that value, lowered so a member s
 within :data:`~cachebuild.format.packing.MEMBER_BYTES` (said in one warning line).
 Not given and left at the recipes' :data:`~cachebuild.format.packing.DEFAULT_PACK`: the
 pack of the cache already at the output, if any (a rerun resumes or confirms a cache in its
-own layout, as an append grows it in its own), otherwise
+own layout, as an append grows it in its own; not with ``overwrite``, which replaces that
+cache, so the command writes what it writes into an empty folder; not from the record of a
+build that finished no shard, which the rerun starts over), otherwise
 :func:`~cachebuild.format.packing.default_pack` of the source's record size. (A
 ``BuildOptions`` made in code with another ``Codec.pack`` keeps that value.)
 """
@@ -41,8 +43,9 @@ def _existing_pack(out: Output) -> int | None:
         names = set(out.names())
     except OSError:
         return None
+    resumable = any(n.endswith(".done.json") for n in names)  # (as the rerun's own check: nothing to keep otherwise)
     for name, path in ((MANIFEST_NAME, ("codec",)), (BUILD_RECORD, ("doc", "codec"))):
-        if name not in names:
+        if name not in names or (name == BUILD_RECORD and not resumable):
             continue
         doc = out.read_json(name)
         for key in path:

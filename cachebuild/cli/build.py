@@ -131,7 +131,7 @@ def generate_command(**o: Any) -> None:
     type=int,
     default=None,
     metavar="N",
-    help="Records per tar member (build.pack) [default: 1 (one member per file and field) for files of 8 KiB and more, 256 for smaller ones; a rerun or --append: the cache's own].",
+    help="Records per tar member (build.pack) [default: 1 (one member per file and field: plain WebDataset reads it) for records (a file's mel, label and any waveform) of 8 KiB and more, as the default 40x2x64 mel; 256 for smaller ones; a rerun or --append: the cache's own].",
 )
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--h5-dataset", "h5_datasets", multiple=True, metavar="ROLE=NAME", help="Rename an HDF5 dataset: labels=..., mel=..., waveform=... (repeatable).")
@@ -228,7 +228,8 @@ def build_command(
     How the shards are stored comes from the recipe's [build] table (or --set; the flags
     --shard-mb, --codec, --level and --pack set the same keys and win over both, as in
     `generate`): shard_mb (256), codec (zstd, or none; mel: none), level (1), pack (records
-    per tar member: 256, fewer if that passes 16 MB; 1 writes format v1), workers.
+    per tar member: 1 for records of 8 KiB and more, 256 for smaller ones, fewer if that passes
+    16 MB; a rerun or --append: the cache's own), workers.
 
     Parallel, deterministic (byte-identical shards for any --workers or backend)
     and resumable: rerun the same command after an interruption to finish it.
