@@ -100,11 +100,10 @@ def shard_mb(source: RecordSource) -> float:
 
 
 @dataclass(frozen=True)
-class Slow:
-    """``inner`` with a pause before each block: same kind, config and bytes, slower."""
+class Wrapped:
+    """``inner`` as it is: same kind, config, fingerprint and bytes (subclasses change how blocks come)."""
 
     inner: Any
-    pause: float = 0.2
 
     @property
     def kind(self) -> str:
@@ -129,9 +128,31 @@ class Slow:
         return dict(own()) if callable(own) else {"block_records": self.block_records}
 
     def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
+        yield from self.inner.blocks(seed, shard, start, stop)
+
+
+@dataclass(frozen=True)
+class Slow(Wrapped):
+    """``inner`` with a pause before each block: same kind, config and bytes, slower."""
+
+    pause: float = 0.2
+
+    def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
         for block in self.inner.blocks(seed, shard, start, stop):
             time.sleep(self.pause)
             yield block
+
+
+@dataclass(frozen=True)
+class FailFrom(Wrapped):
+    """``inner`` that raises from shard ``shard`` on: a bad input found late."""
+
+    shard: int = 0
+
+    def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
+        if shard >= self.shard:
+            raise ValueError(f"bad input file at shard {shard}")
+        yield from self.inner.blocks(seed, shard, start, stop)
 
 
 def main(name: str, out: str, user_dir: str) -> None:

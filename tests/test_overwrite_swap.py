@@ -11,9 +11,8 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -24,6 +23,7 @@ from cachebuild.builder.overwrite import SWAP_RECORD, swap_steps
 from cachebuild.errors import CacheMismatchError, SourceError
 from cachebuild.format import read_manifest
 from cachebuild.testing import ToySource
+from contract_sources import FailFrom
 from cachebuild.tools.verify import verify_cache
 from conftest import build_toy
 from test_distributed_build import s3_server  # noqa: F401  (the moto S3 server fixture)
@@ -46,31 +46,6 @@ def made(tmp_path_factory) -> dict[str, Path]:
     build_toy(base / "old", **OLD)
     build_toy(base / "new", **NEW)
     return {"old": base / "old", "new": base / "new"}
-
-
-@dataclass(frozen=True)
-class FailFrom:
-    """``inner`` (same kind, config and bytes) that raises from shard ``shard`` on: a bad input found late."""
-
-    inner: Any
-    shard: int
-
-    kind = property(lambda self: self.inner.kind)
-    block_records = property(lambda self: self.inner.block_records)
-
-    def fields(self) -> list[tuple[str, str]]:
-        return list(self.inner.fields())
-
-    def config_dict(self) -> dict[str, Any]:
-        return dict(self.inner.config_dict())
-
-    def estimated_record_bytes(self) -> int:
-        return int(self.inner.estimated_record_bytes())
-
-    def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
-        if shard >= self.shard:
-            raise ValueError(f"bad input file at shard {shard}")
-        yield from self.inner.blocks(seed, shard, start, stop)
 
 
 # `build(...)` is given pack=1: the layout of build_toy's Codec(), so both name the same build

@@ -24,6 +24,18 @@ def _snippet(tag: str = "webdataset-snippet") -> str:
     return "\n".join(x[indent:] for x in lines)
 
 
+def _assert_same_record(sample: dict, ours: dict) -> None:
+    """A WebDataset sample (keys ``field[.ext...]``) holds exactly our reader's fields, dtypes, shapes and values."""
+    got = {k.split(".")[0]: v for k, v in sample.items() if not k.startswith("__")}
+    assert sorted(got) == sorted(ours)
+    for name, value in ours.items():
+        if isinstance(value, np.ndarray):
+            assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
+        else:
+            assert got[name] == value, name
+
+
 @pytest.mark.parametrize("which", ["zstd", "raw", "packed"])
 def test_readme_webdataset_snippet_equals_our_reader(causal_cache, causal_cache_raw, causal_cache_packed, which):
     pytest.importorskip("webdataset")
@@ -68,15 +80,7 @@ def test_three_line_decoder_reads_a_default_generate_cache(tmp_path, codec):
     seen = []
     for sample in scope["dataset"]:
         rid = int(sample["__key__"])
-        ours = ref.record(rid)
-        got = {k.split(".")[0]: v for k, v in sample.items() if not k.startswith("__")}
-        assert sorted(got) == sorted(ours)
-        for name, value in ours.items():
-            if isinstance(value, np.ndarray):
-                assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
-                np.testing.assert_array_equal(got[name], value, err_msg=name)
-            else:
-                assert got[name] == value, name
+        _assert_same_record(sample, ref.record(rid))
         seen.append(rid)
     assert seen == list(range(ref.manifest.records))
 
@@ -105,14 +109,6 @@ def test_default_mel_caches_take_the_decoder_their_layout_needs(tmp_path, args):
     with ShardSet(m, root) as shards:
         for sample in scope["dataset"]:
             rid = int(sample["__key__"])
-            got = {k.split(".")[0]: v for k, v in sample.items() if not k.startswith("__")}
-            ours = read_record(shards, rid)
-            assert sorted(got) == sorted(ours)
-            for name, value in ours.items():
-                if isinstance(value, np.ndarray):
-                    assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
-                    np.testing.assert_array_equal(got[name], value, err_msg=name)
-                else:
-                    assert got[name] == value, name
+            _assert_same_record(sample, read_record(shards, rid))
             seen.append(rid)
     assert seen == list(range(m.records))
