@@ -13,7 +13,7 @@ import pytest
 
 from cachebuild.builder.markers import BUILD_RECORD, file_sha256
 from cachebuild.builder.mismatch import fingerprint_doc_of_manifest
-from cachebuild.errors import CacheMismatchError, ConfigError, OutputError
+from cachebuild.errors import CacheMismatchError, ConfigError, ManifestError, OutputError
 from cachebuild.format import read_manifest
 from cachebuild.tools.verify import verify_cache
 from conftest import build_toy
@@ -124,3 +124,37 @@ def test_full_disk_is_a_clear_error_and_keeps_existing_cache(small_disk):
     assert verify_cache(small_disk / "small").ok
     assert not (small_disk / "big" / "manifest.json").exists()
     assert not [p for p in (small_disk / "big").iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("{not json", "not valid JSON.*nothing was changed: if this folder is a cachebuild cache"),
+        ('{"files": ["a.wav"]}\n', "not a cachebuild manifest.*nothing was changed: if this folder is a cachebuild cache"),
+        ('{"format": "cachebuild-shards", "version": 99}\n', "format version 99 is not supported.*nothing was changed: it was written by another version of cachebuild"),
+    ],
+    ids=["not-json", "another-tool", "newer-version"],
+)
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_unreadable_manifest_is_refused_not_overwritten(tmp_path, text, words, overwrite):
+    """A folder is a cache by its manifest.json; one that does not parse is not taken for an empty folder."""
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "manifest.json").write_text(text)
+    with pytest.raises(ManifestError, match=words):
+        build_toy(out, overwrite=overwrite)
+    assert [p.name for p in out.iterdir()] == ["manifest.json"] and (out / "manifest.json").read_text() == text
+
+
+def test_damaged_manifest_of_a_cache_keeps_its_shards_and_the_hint_rebuilds_it(tmp_path, toy_cache):
+    """A truncated manifest is refused with every shard kept; deleting it and rerunning (the hint) gives the cache back."""
+    out = tmp_path / "c"
+    shutil.copytree(toy_cache, out)
+    before = _hashes(out)
+    (out / "manifest.json").write_bytes((toy_cache / "manifest.json").read_bytes()[:100])
+    with pytest.raises(ManifestError, match="delete manifest.json and rerun the command that built it"):
+        build_toy(out)
+    assert {k: v for k, v in _hashes(out).items() if k != "manifest.json"} == {k: v for k, v in before.items() if k != "manifest.json"}
+    (out / "manifest.json").unlink()
+    build_toy(out)
+    assert _hashes(out) == before

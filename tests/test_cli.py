@@ -212,3 +212,14 @@ def test_python_m_cachebuild_is_the_cli():
     r = subprocess.run([sys.executable, "-m", "cachebuild", "--help"], capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0, r.stderr
     assert "generate" in r.stdout and "verify" in r.stdout
+
+
+def test_generate_into_a_folder_with_another_tools_manifest_is_one_line_exit_3(tmp_path):
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"tool": "something else"}\n')
+    for extra in ([], ["--overwrite"]):
+        r = CliRunner().invoke(main, ["generate", "--graphs", "20", "--out", str(out), "-q", *extra])
+        lines = r.output.strip().splitlines()
+        assert r.exit_code == 3 and len(lines) == 1 and f"{out}/manifest.json: not a cachebuild manifest" in lines[0], r.output
+    assert [p.name for p in out.iterdir()] == ["manifest.json"]

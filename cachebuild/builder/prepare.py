@@ -19,6 +19,7 @@ differ.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -27,9 +28,10 @@ from cachebuild.builder.markers import BUILD_RECORD, is_ours, manifest_damaged
 from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
 from cachebuild.builder.output import LocalOutput, Output
 from cachebuild.builder.overwrite import drop_redundant_staging, staged_fingerprint, staged_note
-from cachebuild.errors import CacheMismatchError, OutputError
+from cachebuild.errors import CacheMismatchError, ManifestError, OutputError
 from cachebuild.format.atomic import is_tmp_name, output_error
-from cachebuild.format.manifest import MANIFEST_NAME
+from cachebuild.format.manifest import MANIFEST_NAME, READ_VERSIONS, Manifest
+from cachebuild.format.names import FORMAT_NAME
 
 __all__ = ["Prepared", "prepare_out", "check_local"]
 
@@ -47,6 +49,35 @@ def check_local(out: LocalOutput) -> None:
         raise output_error(path, exc) from exc
     if not os.access(path, os.W_OK):
         raise OutputError(f"cannot write {path}: not writable")
+
+
+def _check_manifest_readable(out: Output) -> None:
+    """The output's manifest is a cachebuild manifest this version reads, or one :class:`ManifestError` line.
+
+    A folder is taken as a cache by its ``manifest.json``; one that does not parse (another tool's
+    manifest, a damaged file, a newer cachebuild's format) must not be overwritten silently as if
+    the folder were empty."""
+    try:
+        data = out.read_bytes(MANIFEST_NAME)
+    except OSError as exc:
+        raise ManifestError(f"cannot read {out.location}/{MANIFEST_NAME}: {exc}") from exc
+    try:
+        Manifest.from_json(data, out.location)
+    except ManifestError as exc:
+        if _format_version(data) not in (None, *READ_VERSIONS):
+            hint = "it was written by another version of cachebuild: build with that version, or choose another --out"
+        else:
+            hint = f"if this folder is a cachebuild cache whose manifest was damaged, delete {MANIFEST_NAME} and rerun the command that built it, otherwise choose another --out"
+        raise ManifestError(f"{exc}; nothing was changed: {hint}") from exc
+
+
+def _format_version(data: bytes) -> object:
+    """The ``version`` of a manifest document in cachebuild's format, or None (not JSON, not ours)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    return doc.get("version") if isinstance(doc, dict) and doc.get("format") == FORMAT_NAME else None
 
 
 def _existing(out: Output, names: list[str]) -> tuple[str | None, dict[str, Any] | None, dict[str, Any] | None]:
@@ -74,6 +105,8 @@ def prepare_out(out: Output, doc: dict[str, Any], fingerprint: str, overwrite: b
     foreign = [n for n in names if not is_ours(n)]
     if foreign and MANIFEST_NAME not in names and BUILD_RECORD not in names:
         raise OutputError(f"output folder {out.location} is not empty and is not a cachebuild cache (found {foreign[0]!r}); choose another --out")
+    if MANIFEST_NAME in names:
+        _check_manifest_readable(out)
     previous, previous_doc, manifest = _existing(out, names)
     staged = staged_fingerprint(out)
     if manifest is not None and previous == fingerprint:
