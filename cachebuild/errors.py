@@ -17,6 +17,7 @@ __all__ = [
     "OutputError",
     "SourceError",
     "RemoteError",
+    "SharedMemoryError",
 ]
 
 
@@ -71,3 +72,9 @@ class RemoteError(CacheBuildError, OSError):
     """A remote cache location (http, s3, ...) cannot be reached or read."""
 
     exit_code = 7
+
+
+class SharedMemoryError(CacheBuildError, OSError):
+    """The loader's workers need more shared memory (``/dev/shm``) than is free for their batch slots."""
+
+    exit_code = 2

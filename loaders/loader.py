@@ -13,12 +13,12 @@ resumes exactly there.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
 from torch.utils.data import DataLoader
 
+from cachebuild.errors import SharedMemoryError
 from loaders.batch import Batch, PackedBatch
 from loaders.handover import Handover, clean_worker_error
 from loaders.shared_pools import SharedPools, shared_pools_for
@@ -240,18 +240,35 @@ def slot_count(prefetch_factor: int) -> int:
 
 
 def _check_shm(stream: ShardStream, num_workers: int, prefetch_factor: int) -> None:
+    """Refuse, before anything is reserved, batch slots that ``/dev/shm`` cannot hold.
+
+    The slots are reserved in full when the loader is made (torch allocates shared memory
+    eagerly, so a worker never dies of a bus error mid-epoch): where they do not fit, making
+    the loader fails anyway, in torch's allocator. This says why, with the numbers and the
+    remedies, and leaves ``/dev/shm`` as it was."""
     slots = slot_count(prefetch_factor)
     need = num_workers * slots * stream.layout.nbytes
     free = shm_free_bytes()
     if free is not None and need > free:
-        warnings.warn(
+        raise SharedMemoryError(
             f"{SHM_PATH} has {free / 2**20:.0f} MiB free, but {num_workers} workers x (prefetch {prefetch_factor} + {slots - prefetch_factor}) x "
-            f"{stream.layout.nbytes / 2**20:.1f} MiB per batch need {need / 2**20:.0f} MiB: workers may crash with a bus error. "
+            f"{stream.layout.nbytes / 2**20:.1f} MiB per batch need {need / 2**20:.0f} MiB of shared memory for their batch slots. "
             f"Lower num_workers, prefetch_factor or batch_size (or compact=True for twins), or enlarge {SHM_PATH} "
-            f"(docker: --shm-size).",
-            ResourceWarning,
-            stacklevel=3,
+            f"(docker: --shm-size)."
         )
+
+
+_STREAM_ARGS = ("shuffle", "drop_last", "batch_size")
+"""DataLoader arguments that are the stream's: passed to make_loader they would be ignored or refused in torch's words."""
+
+
+def _refuse_stream_args(kwargs: Mapping[str, Any]) -> None:
+    for name in _STREAM_ARGS:
+        if name in kwargs:
+            raise TypeError(f"make_loader: {name} is the stream's, not the loader's: pass ShardStream(..., {name}={kwargs[name]!r})")
+    for name in ("sampler", "batch_sampler"):
+        if name in kwargs:
+            raise TypeError(f"make_loader: {name} cannot apply: the stream's epoch plan orders and batches the records (ShardStream's seed, shuffle, window)")
 
 
 def make_loader(
@@ -289,11 +306,15 @@ def make_loader(
             with ``torch.multiprocessing.spawn`` that is ``spawn``, which
             re-imports torch in every worker (seconds); pass ``"fork"`` there.
 
-    Warns (``ResourceWarning``) when ``/dev/shm`` has less free space than the
-    workers' batch slots take: ``num_workers x (prefetch_factor + 6) x batch bytes`` (:func:`slot_count`).
+    Raises :class:`~cachebuild.errors.SharedMemoryError` (before reserving anything) when
+    ``/dev/shm`` has less free space than the workers' batch slots take, all reserved now:
+    ``num_workers x (prefetch_factor + 6) x batch bytes`` (:func:`slot_count`); and
+    ``TypeError`` for ``shuffle``, ``drop_last``, ``batch_size`` (the stream's: pass them
+    to :class:`ShardStream`), ``sampler`` and ``batch_sampler``.
     """
     if not isinstance(dataset, ShardStream):
         raise TypeError(f"make_loader needs a ShardStream, got {type(dataset).__name__}")
+    _refuse_stream_args(dataloader_kwargs)
     workers = default_workers() if num_workers is None else int(num_workers)
     if workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {workers}")

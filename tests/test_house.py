@@ -109,6 +109,7 @@ def test_stored_payloads_are_the_index_sizes_and_decode_to_the_array_bytes(causa
         (errors.OutputError, 5),
         (errors.SourceError, 6),
         (errors.RemoteError, 7),
+        (errors.SharedMemoryError, 2),
         (KeyboardInterrupt, EXIT_INTERRUPTED),
     ],
 )

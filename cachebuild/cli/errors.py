@@ -10,7 +10,7 @@ Exit statuses::
 
     0  ok
     1  CacheBuildError (base), click abort
-    2  ConfigError, usage error (unknown flag or command, bad flag value)
+    2  ConfigError, SharedMemoryError, usage error (unknown flag or command, bad flag value)
     3  ShardCorruptError, ManifestError, ``verify`` found faults
     4  CacheMismatchError
     5  OutputError
