@@ -90,3 +90,17 @@ def test_stream_arguments_given_to_make_loader_point_to_the_stream(causal_cache,
     with pytest.raises(TypeError, match="make_loader") as err:
         make_loader(stream, num_workers=0, **kwargs)
     assert points_to in str(err.value) and "\n" not in str(err.value)
+
+
+def test_len_is_the_whole_epoch_and_a_resumed_pass_yields_the_rest(causal_cache):
+    """README: ``len(loader)`` stays a whole epoch's batches; a resumed pass yields ``len - state["batches"]``."""
+    loader = make_loader(ShardStream(causal_cache, view="graphs", batch_size=8, seed=3), num_workers=0)
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    state = loader.state_dict()
+    fresh = make_loader(ShardStream(causal_cache, view="graphs", batch_size=8, seed=3), num_workers=1)
+    fresh.load_state_dict(state)
+    assert len(fresh) == len(loader) > 4
+    assert sum(1 for _ in fresh) == len(fresh) - state["batches"]
+    assert len(fresh) == sum(1 for _ in fresh)  # the next pass is a whole epoch again
