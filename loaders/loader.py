@@ -274,7 +274,7 @@ def _refuse_stream_args(kwargs: Mapping[str, Any]) -> None:
 def make_loader(
     dataset: ShardStream,
     num_workers: int | None = None,
-    prefetch_factor: int = 4,
+    prefetch_factor: int | None = 4,
     pin_memory: bool | None = None,
     persistent_workers: bool = True,
     multiprocessing_context: Any = None,
@@ -290,7 +290,7 @@ def make_loader(
         num_workers: worker processes (default :func:`default_workers`: cores - 1, 1..8);
             0 builds batches in the main process.
         prefetch_factor: batches each worker builds ahead (default 4: deep, since a
-            batch is large and built whole).
+            batch is large and built whole; ``None``: torch's 2; ignored without workers).
         pin_memory: pin batches for fast, asynchronous copies
             (default: ``torch.cuda.is_available()``).
         persistent_workers: keep workers (open shards, cached plan) between epochs.
@@ -321,7 +321,9 @@ def make_loader(
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
     kwargs: dict[str, Any] = dict(num_workers=workers, pin_memory=pin, timeout=timeout, **dataloader_kwargs)
     if workers > 0:
-        prefetch = prefetch_factor or 2
+        prefetch = 2 if prefetch_factor is None else int(prefetch_factor)  # None: torch's default
+        if prefetch < 1:
+            raise ValueError(f"prefetch_factor must be >= 1 with num_workers > 0, got {prefetch_factor}")
         kwargs.update(prefetch_factor=prefetch, persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context)
         _check_shm(dataset, workers, prefetch)
     return StreamLoader(dataset, handover=handover, shared_pools=shared_pools, **kwargs)

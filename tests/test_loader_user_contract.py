@@ -104,3 +104,12 @@ def test_len_is_the_whole_epoch_and_a_resumed_pass_yields_the_rest(causal_cache)
     assert len(fresh) == len(loader) > 4
     assert sum(1 for _ in fresh) == len(fresh) - state["batches"]
     assert len(fresh) == sum(1 for _ in fresh)  # the next pass is a whole epoch again
+
+
+@pytest.mark.parametrize("prefetch", [0, -1])
+def test_a_prefetch_factor_below_one_is_refused_not_replaced(causal_cache, prefetch):
+    """It became 2 without a word (torch itself accepts 0 and fails at the first ``iter``)."""
+    stream = ShardStream(causal_cache, view="graphs", batch_size=8, seed=0)
+    with pytest.raises(ValueError, match=f"prefetch_factor must be >= 1 with num_workers > 0, got {prefetch}"):
+        make_loader(stream, num_workers=1, prefetch_factor=prefetch)
+    assert make_loader(stream, num_workers=1, prefetch_factor=None).prefetch_factor == 2  # torch's default
