@@ -13,6 +13,7 @@ resumes exactly there.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -67,7 +68,11 @@ class StreamLoader(DataLoader[Any]):
             driven.slot_rings = None
         driven.shared_pools = None
         if self.num_workers > 0:
-            driven.slot_rings = SlotRings(self.num_workers, slot_count(self.prefetch_factor or 2), driven.layout.nbytes)
+            try:
+                driven.slot_rings = SlotRings(self.num_workers, slot_count(self.prefetch_factor or 2), driven.layout.nbytes)
+            except (RuntimeError, OSError) as exc:  # torch: "unable to allocate shared memory(shm) ..."; ENOSPC
+                why = shm_shortfall(driven, self.num_workers, self.prefetch_factor or 2) or f"reserving the workers' batch slots in {SHM_PATH} failed"
+                raise SharedMemoryError(f"{why} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc!r})") from exc
             register(driven.slot_rings, self)
             driven.shared_pools = self._shared_pools(driven)
 
@@ -239,23 +244,41 @@ def slot_count(prefetch_factor: int) -> int:
     return prefetch_factor + 2 + ZERO_COPY_HELD
 
 
-def _check_shm(stream: ShardStream, num_workers: int, prefetch_factor: int) -> None:
-    """Refuse, before anything is reserved, batch slots that ``/dev/shm`` cannot hold.
+class SharedMemoryWarning(ResourceWarning):
+    """``/dev/shm`` has less free space than the workers' batch slots need (shown by default:
+    Python's filters hide plain ``ResourceWarning``, so this module puts a filter for this class first)."""
 
-    The slots are reserved in full when the loader is made (torch allocates shared memory
-    eagerly, so a worker never dies of a bus error mid-epoch): where they do not fit, making
-    the loader fails anyway, in torch's allocator. This says why, with the numbers and the
-    remedies, and leaves ``/dev/shm`` as it was."""
+
+warnings.filterwarnings("default", category=SharedMemoryWarning)
+
+
+def shm_shortfall(stream: ShardStream, num_workers: int, prefetch_factor: int) -> str | None:
+    """Why ``/dev/shm`` cannot hold the workers' batch slots (the numbers and the remedies), or None where it can
+    (or its free space cannot be read)."""
     slots = slot_count(prefetch_factor)
     need = num_workers * slots * stream.layout.nbytes
     free = shm_free_bytes()
-    if free is not None and need > free:
-        raise SharedMemoryError(
-            f"{SHM_PATH} has {free / 2**20:.0f} MiB free, but {num_workers} workers x (prefetch {prefetch_factor} + {slots - prefetch_factor}) x "
-            f"{stream.layout.nbytes / 2**20:.1f} MiB per batch need {need / 2**20:.0f} MiB of shared memory for their batch slots. "
-            f"Lower num_workers, prefetch_factor or batch_size (or compact=True for twins), or enlarge {SHM_PATH} "
-            f"(docker: --shm-size)."
-        )
+    if free is None or need <= free:
+        return None
+    return (
+        f"{SHM_PATH} has {free / 2**20:.0f} MiB free, but {num_workers} workers x (prefetch {prefetch_factor} + {slots - prefetch_factor}) x "
+        f"{stream.layout.nbytes / 2**20:.1f} MiB per batch need {need / 2**20:.0f} MiB of shared memory for their batch slots. "
+        f"Lower num_workers, prefetch_factor or batch_size (or compact=True for twins), or enlarge {SHM_PATH} "
+        f"(docker: --shm-size)."
+    )
+
+
+def _check_shm(stream: ShardStream, num_workers: int, prefetch_factor: int) -> None:
+    """Warn (:class:`SharedMemoryWarning`, shown by default) when ``/dev/shm`` looks too small for the slots.
+
+    The slots are reserved in full when the loader is made (torch allocates shared memory
+    eagerly, so a worker never dies of a bus error mid-epoch); where the reservation then
+    fails, :meth:`StreamLoader._new_slots` raises :class:`~cachebuild.errors.SharedMemoryError`
+    with the same numbers. A warning, not a refusal, because free space is a snapshot: other
+    processes free and take ``/dev/shm`` between this check and the reservation."""
+    why = shm_shortfall(stream, num_workers, prefetch_factor)
+    if why is not None:
+        warnings.warn(why + " Workers may fail to start.", SharedMemoryWarning, stacklevel=3)
 
 
 _STREAM_ARGS = ("shuffle", "drop_last", "batch_size")
@@ -306,9 +329,11 @@ def make_loader(
             with ``torch.multiprocessing.spawn`` that is ``spawn``, which
             re-imports torch in every worker (seconds); pass ``"fork"`` there.
 
-    Raises :class:`~cachebuild.errors.SharedMemoryError` (before reserving anything) when
+    Warns (:class:`SharedMemoryWarning`, a ``ResourceWarning`` shown by default) when
     ``/dev/shm`` has less free space than the workers' batch slots take, all reserved now:
-    ``num_workers x (prefetch_factor + 6) x batch bytes`` (:func:`slot_count`); and
+    ``num_workers x (prefetch_factor + 6) x batch bytes`` (:func:`slot_count`), and raises
+    :class:`~cachebuild.errors.SharedMemoryError` with the same numbers where the reservation
+    then fails (not torch's allocator message); raises
     ``TypeError`` for ``shuffle``, ``drop_last``, ``batch_size`` (the stream's: pass them
     to :class:`ShardStream`), ``sampler`` and ``batch_sampler``.
     """
