@@ -6,6 +6,7 @@ Python reads and strict JSON readers (jq, JavaScript, serde) refuse."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -74,3 +75,27 @@ def test_finite_json_still_round_trips(tmp_path: Path) -> None:
     build(FunctionSource.per_record(_ok, {"x": "float32", "meta": "json"}), root, records=10, workers=1, progress=False)
     assert read_record(open_cache(root), 7)["meta"] == {"n": 7}
     assert json.loads((root / "manifest.json").read_text())["records"] == 10
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def test_the_writers_json_encoder_is_json_dumps() -> None:
+    """The writer's per-batch encoder (``compact_encoder``) gives json.dumps's text for float32-exact
+    doubles of every magnitude (the causal means/stds), odd strings and keys, and the same errors."""
+    from cachebuild.format.json_text import compact_encoder
+
+    encode = compact_encoder()
+    rng = np.random.default_rng(0)
+    f32 = rng.integers(0, 2**32, 300_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    doubles = rng.standard_normal(50_000) * 10.0 ** rng.integers(-300, 300, 50_000)
+    values = [{"mean": f32[np.isfinite(f32)].astype(np.float64).tolist()}, [doubles.tolist(), {"x": 1}]]
+    values += ['é\n\x00"\\', "", None, True, 0, 2**80, -0.0, 5e-324, 1.7976931348623157e308, [], {}, {2: "a", 1: "b"}, {"b": 1, "0": None}]
+    for value in values:
+        assert encode(value) == _dumps(value)
+    for bad in [float("nan"), {"a": [float("-inf")]}, {1: 2, "a": 3}, {2: "a", "0": None}, {"s": {1, 2}}, object()]:
+        with pytest.raises((TypeError, ValueError)) as want:
+            _dumps(bad)
+        with pytest.raises(want.type, match=re.escape(str(want.value))):
+            compact_encoder()(bad)
