@@ -51,6 +51,9 @@ def test_the_shared_cache_shares_frames_and_reads_as_the_plain_tools_do(packed: 
         for name in ("seg", "label", "tokens"):
             np.testing.assert_array_equal(want[name], got[name])
     assert verify_cache(root).ok
+    from cachebuild.tools.inspect import inspect_cache
+
+    assert any("7 records per member, small entries share frames of up to 512 bytes" in line for line in inspect_cache(root, 0))
 
 
 def test_batches_of_a_shared_cache_equal_the_unshared_ones(packed: dict[str, Path]) -> None:
