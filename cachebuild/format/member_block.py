@@ -35,7 +35,7 @@ from cachebuild.format.limits import MAX_JSON_BYTES
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.npy import npy_headers
 from cachebuild.format.packing import group_starts, is_first_entry, tar_order
-from cachebuild.format.shared_frames import frame_cuts
+from cachebuild.format.shared_frames import frame_cuts, shared_compressor
 
 __all__ = ["FieldSpec", "EncodedRun", "MemberError", "encode_run"]
 
@@ -243,7 +243,8 @@ def _shared_run(cctx: Any, pieces: list[Any], raw_len: np.ndarray, rows: np.ndar
     idx = order.tolist()
     tar_pieces[::2] = [pieces[2 * i] for i in idx]
     tar_pieces[1::2] = [pieces[2 * i + 1] for i in idx]
-    frames = _compress_joined(cctx, b"".join(tar_pieces), frame_len)
+    count = np.diff(np.append(starts, len(order)))
+    frames = _compress_frames(cctx, b"".join(tar_pieces), frame_len, count > 1)
     fsize = np.fromiter(map(len, frames), np.int64, len(frames))
     fid = np.cumsum(opens) - 1
     bodies: list[Any] = [b""] * len(order)
@@ -251,6 +252,22 @@ def _shared_run(cctx: Any, pieces: list[Any], raw_len: np.ndarray, rows: np.ndar
         bodies[t] = f
     stored = np.where(opens, fsize[fid], 0)
     return EncodedRun(None, bodies, fsize[fid], rows, int(raw_len.sum()), order, stored)
+
+
+def _compress_frames(cctx: Any, data: bytes, lens: np.ndarray, shared: np.ndarray) -> list[Any]:
+    """One zstd frame per consecutive slice of ``data`` (``lens`` bytes each): with ``cctx``, or, for a
+    frame of several entries (``shared``), at :data:`~cachebuild.format.shared_frames.SHARED_LEVEL`."""
+    if not shared.any():
+        return _compress_joined(cctx, data, lens)
+    ends = np.cumsum(lens)
+    pieces = [data[a:b] for a, b in zip((ends - lens).tolist(), ends.tolist())]
+    out: list[Any] = [None] * len(lens)
+    for mask, ctx in ((~shared, cctx), (shared, shared_compressor())):
+        pick = np.flatnonzero(mask)
+        if pick.size:
+            for i, frame in zip(pick.tolist(), _compress_joined(ctx, b"".join(pieces[i] for i in pick.tolist()), lens[pick])):
+                out[i] = frame
+    return out
 
 
 def _compress_joined(cctx: Any, data: bytes, lens: np.ndarray) -> list[Any]:

@@ -39,13 +39,14 @@ label frame of 512 in 0.3 us.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from cachebuild.format.limits import MAX_NPY_HEADER
 from cachebuild.format.packing import MAX_SHARE, SHARE_BYTES
 
-__all__ = ["SHARE_BYTES", "MAX_SHARE", "NPY_ALIGN", "FrameLayout", "coincides", "declared_ok", "frame_layout", "frame_cuts", "distinct_frames", "gather_shared"]
+__all__ = ["SHARE_BYTES", "MAX_SHARE", "NPY_ALIGN", "SHARED_LEVEL", "shared_compressor", "FrameLayout", "coincides", "declared_ok", "frame_layout", "frame_cuts", "distinct_frames", "gather_shared"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,20 @@ class FrameLayout:
     lo: np.ndarray
     hi: np.ndarray
     aligned: np.ndarray
+
+
+SHARED_LEVEL = -1
+"""zstd level of a frame of several entries, whatever ``codec.level``: a random read decodes a whole
+shared frame for one record, and at level -1 that costs 0.6 instead of 1.9 us for 512 int16 labels
+(1.9 instead of 1.05 bytes per label stored) and 0.8 instead of 2.1 us for 1 KB of JSON lines
+(18.6 instead of 16.5 bytes per line; measured CPU time, zstd 1.5)."""
+
+
+def shared_compressor() -> Any:
+    """A fresh compressor for shared frames (:data:`SHARED_LEVEL`, checksum and content size on, as every frame)."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=SHARED_LEVEL, write_checksum=True, write_content_size=True)
 
 
 NPY_ALIGN = 64
