@@ -145,10 +145,11 @@ def distinct_frames(shard: np.ndarray, offset: np.ndarray, shared: np.ndarray) -
     """``(pick, slot)`` for a block's entries: the distinct frames (entries sharing a frame name it
     once), as the entry first naming each, in block order; and each entry's position in ``pick``."""
     n = len(offset)
-    if not shared.any():
-        every = np.arange(n, dtype=np.int64)
-        return every, every
+    every = np.arange(n, dtype=np.int64)
     key = (shard.astype(np.int64) << 40) | offset  # (a shard is far below 2**40 bytes)
+    in_shared = np.sort(key[shared])
+    if not (in_shared[1:] == in_shared[:-1]).any():  # (a shuffled block: every frame named once; unshared frames always are)
+        return every, every
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     rank = np.argsort(first, kind="stable")
     where = np.empty(len(first), np.int64)
@@ -165,13 +166,18 @@ def gather_shared(shared: np.ndarray, nbytes: np.ndarray, buffers: list[np.ndarr
     nb = nbytes[sel]
     padded = (nb + align - 1) // align * align
     dst = np.cumsum(padded) - padded
-    stage = np.empty(int(padded.sum()), np.uint8)
     src, src_buf = data_off[sel], buf_id[sel]
-    for b in np.unique(src_buf).tolist():
-        k = np.flatnonzero(src_buf == b)
+    one_size = bool((nb == nb[0]).all())
+    stage = np.empty((len(sel), int(padded[0])) if one_size else int(padded.sum()), np.uint8)
+    for b in np.unique(src_buf).tolist() if (src_buf != src_buf[0]).any() else [int(src_buf[0])]:
+        k = np.flatnonzero(src_buf == b) if len(buffers) > 1 else slice(None)
+        if one_size:  # (a fixed-size field: one 2-d gather)
+            stage[k, : int(nb[0])] = buffers[b][src[k][:, None] + np.arange(int(nb[0]))]
+            continue
         count = nb[k]
         within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
         stage[np.repeat(dst[k], count) + within] = buffers[b][np.repeat(src[k], count) + within]
+    stage = stage.reshape(-1)
     buffers.append(stage)
     buf_id[sel] = len(buffers) - 1
     data_off[sel] = dst
