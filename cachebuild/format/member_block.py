@@ -260,7 +260,8 @@ def _compress_frames(cctx: Any, data: bytes, lens: np.ndarray, shared: np.ndarra
     if not shared.any():
         return _compress_joined(cctx, data, lens)
     ends = np.cumsum(lens)
-    pieces = [data[a:b] for a, b in zip((ends - lens).tolist(), ends.tolist())]
+    view = memoryview(data)
+    pieces = [view[a:b] for a, b in zip((ends - lens).tolist(), ends.tolist())]
     out: list[Any] = [None] * len(lens)
     for mask, ctx in ((~shared, cctx), (shared, shared_compressor())):
         pick = np.flatnonzero(mask)
