@@ -81,6 +81,7 @@ def build(
     codec: str | None = None,
     level: int | None = None,
     pack: int | None = None,
+    share: int | None = None,
     shard_mb: float | None = None,
     address: str | None = None,
     append: bool = False,
@@ -90,10 +91,12 @@ def build(
 
     ``what`` is a :class:`RecordSource` (then ``records`` is required; ``seed``
     defaults to 0, ``codec`` to zstd, ``shard_mb`` to 256, ``pack`` (records per tar member, see
-    :mod:`cachebuild.format.packing`) to 1 for records of 8 KiB and more and 256 for smaller
-    ones (:func:`~cachebuild.format.packing.default_pack`), and a rerun that leaves ``pack`` out
+    :mod:`cachebuild.format.packing`) to 1 for records of 8 KiB and more and 256 to 4,096 for smaller
+    ones, about 4 MB per member (:func:`~cachebuild.format.packing.default_pack`), and a rerun that leaves ``pack`` out
     keeps the cache's own; with ``append`` a seed, codec, level or pack left out is the cache's
-    own), or a recipe: a TOML path or a dict, whose ``kind`` picks the source
+    own; ``share``, the most decoded bytes consecutive small entries of a packed zstd member may
+    share one frame with, defaults to :data:`~cachebuild.format.packing.SHARE_BYTES`, 0 for one frame
+    per entry (see :mod:`cachebuild.format.shared_frames`)), or a recipe: a TOML path or a dict, whose ``kind`` picks the source
     and whose ``[build]`` table sets codec and shard size; ``codec``, ``level``, ``pack`` and
     ``shard_mb`` given here override that table, as the CLI's flags do (``overrides`` are
     ``"key=value"`` strings as with ``--set``). Same inputs give byte-identical shards for any
@@ -108,22 +111,24 @@ def build(
     if isinstance(what, RecordSource):
         if records is None:
             raise ConfigError("build(source, ...) needs records=N (how many records to make)")
-        return build_cache(what, _source_options(out, records, seed, codec, level, pack, shard_mb, run))
+        return build_cache(what, _source_options(out, records, seed, codec, level, pack, shard_mb, run, share))
     if not isinstance(what, (str, Path, Mapping)):
         raise ConfigError(f"build() takes a RecordSource or a recipe (TOML path or dict), got {type(what).__name__}")
-    values = {"build.codec": codec, "build.level": level, "build.pack": pack, "build.shard_mb": shard_mb}
+    values = {"build.codec": codec, "build.level": level, "build.pack": pack, "build.share": share, "build.shard_mb": shard_mb}
     summary, _ = build_recipe(what, out, overrides=overrides, records=records, seed=seed, build_values=values, **run)
     return summary
 
 
-def _source_options(out: str | Path, records: int, seed: int | None, codec: str | None, level: int | None, pack: int | None, shard_mb: float | None, run: dict[str, Any]) -> BuildOptions:
+def _source_options(
+    out: str | Path, records: int, seed: int | None, codec: str | None, level: int | None, pack: int | None, shard_mb: float | None, run: dict[str, Any], share: int | None = None
+) -> BuildOptions:
     """Build options for a :class:`RecordSource` passed directly; what is left out (None) is the default,
     or with ``append`` the cache's own."""
     return BuildOptions(
         out=out,
         records=records,
         seed=0 if seed is None else seed,
-        codec=parse_codec(codec or "zstd", level, ("codec", "level", "pack"), DEFAULT_PACK if pack is None else pack),
+        codec=parse_codec(codec or "zstd", level, ("codec", "level", "pack"), DEFAULT_PACK if pack is None else pack, share),
         shard_bytes=_shard_bytes(256 if shard_mb is None else shard_mb),
         pack_given=pack is not None,
         seed_given=seed is not None,

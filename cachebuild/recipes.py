@@ -21,7 +21,7 @@ from cachebuild.format.packing import DEFAULT_PACK
 
 __all__ = ["Recipe", "load_recipe", "parse_recipe", "BUILD_KEYS"]
 
-BUILD_KEYS = ("shard_mb", "codec", "level", "pack", "workers")
+BUILD_KEYS = ("shard_mb", "codec", "level", "pack", "share", "workers")
 MAX_SEED = (1 << 63) - 1
 MAX_SHARD_MB = 65536  # 64 GiB shards; beyond that a typo
 
@@ -80,7 +80,7 @@ def parse_recipe(doc: Mapping[str, Any], count_key: str = "graphs", default_code
     workers = build.get("workers")
     if workers is not None:
         workers = _int("build.workers", workers, 1, 4096)
-    codec = parse_codec(build.get("codec", default_codec), build.get("level"), ("build.codec", "build.level", "build.pack"), build.get("pack", DEFAULT_PACK))
+    codec = parse_codec(build.get("codec", default_codec), build.get("level"), ("build.codec", "build.level", "build.pack"), build.get("pack", DEFAULT_PACK), build.get("share"))
     if codec.name == "none" and build.get("level") is not None:
         warnings.warn(f"build.level = {build['level']!r} has no effect: build.codec is 'none' (members are stored uncompressed; use --codec zstd to compress)", UserWarning, stacklevel=2)
     table = {k: v for k, v in doc.items() if k not in ("build", count_key)}

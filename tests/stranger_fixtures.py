@@ -30,12 +30,14 @@ def block(rng: np.random.Generator, start: int, stop: int) -> dict:
 
 @pytest.fixture(scope="session")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two packed caches (zstd and raw) of 40 records in 2 shards, groups of 7 (the last ones short)."""
+    """Packed caches of 40 records in 2 shards, groups of 7 (the last ones short): ``zstd`` (format v3:
+    every entry its own frame), ``none`` (raw) and ``shared`` (format v4: zstd, small entries sharing
+    frames of at most 512 bytes, so a group holds several frames of several entries)."""
     base = tmp_path_factory.mktemp("stranger-packed")
     out = {}
-    for codec in ("zstd", "none"):
-        out[codec] = base / codec
-        build(FunctionSource.per_block(block, FIELDS), out[codec], records=40, pack=7, codec=codec, progress=False, shard_mb=0.01, backend="threading")
+    for key, codec, share in (("zstd", "zstd", 0), ("none", "none", None), ("shared", "zstd", 512)):
+        out[key] = base / key
+        build(FunctionSource.per_block(block, FIELDS), out[key], records=40, pack=7, share=share, codec=codec, progress=False, shard_mb=0.01, backend="threading")
     return out
 
 

@@ -78,7 +78,7 @@ def test_append_adds_a_generation_and_touches_nothing_there(tmp_path: Path) -> N
     after = shard_files(root)
     assert {k: after[k] for k in before} == before, "an append changed an existing shard"
     m = read_manifest(root)
-    assert generation_of(m) == 1 and m.records == 320 and m.version == 3  # (3: its shards pack records; 2 for pack=1)
+    assert generation_of(m) == 1 and m.records == 320 and m.version == 4  # (4: its shards pack records and share frames of small entries; 2 for pack=1)
     assert _idents(root) == list(range(320))  # record ids continue the cache's
     assert snapshot_path(root, 0).read_bytes() == old_manifest  # generation 0 as it was committed
     assert read_generation(root, 0).records == 200 and read_generation(root, 1).records == 320

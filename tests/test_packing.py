@@ -17,6 +17,7 @@ import pytest
 from cachebuild import FunctionSource, build
 from cachebuild.errors import ConfigError, ManifestError, ShardCorruptError
 from cachebuild.format.manifest import read_manifest
+from cachebuild.format.packing import SHARE_BYTES
 from cachebuild.format.reader import open_cache
 from cachebuild.format.records import read_record
 from cachebuild.tools.verify import verify_cache
@@ -47,12 +48,15 @@ def _build(root: Path, pack: int, codec: str = "zstd", records: int = 301, **kw)
 @pytest.fixture(scope="module")
 def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Path]:
     root = tmp_path_factory.mktemp("packing")
-    return {(c, p): _build(root, p, c) for c in ("zstd", "none") for p in (1, 8)}
+    caches = {(c, p): _build(root, p, c) for c in ("zstd", "none") for p in (1, 8)}
+    caches[("zstd-v3", 8)] = root / "zstd-v3-p8"  # packed, every entry its own frame (format v3, share=0)
+    build(SOURCE, caches[("zstd-v3", 8)], records=301, pack=8, share=0, codec="zstd", progress=False, shard_mb=0.05, backend="threading")
+    return caches
 
 
-@pytest.mark.parametrize("codec", ["zstd", "none"])
+@pytest.mark.parametrize("codec", ["zstd", "none", "zstd-v3"])
 def test_packed_records_equal_unpacked(caches: dict, codec: str) -> None:
-    one, packed = open_cache(caches[(codec, 1)]), open_cache(caches[(codec, 8)])
+    one, packed = open_cache(caches[(codec.split("-")[0], 1)]), open_cache(caches[(codec, 8)])
     assert packed.manifest.records == one.manifest.records == 301
     for rid in (0, 1, 7, 8, 63, 64, 150, 299, 300):
         a, b = read_record(one, rid, strict=True), read_record(packed, rid, strict=True)
@@ -62,12 +66,12 @@ def test_packed_records_equal_unpacked(caches: dict, codec: str) -> None:
             assert a[name].dtype == b[name].dtype
 
 
-@pytest.mark.parametrize("codec", ["zstd", "none"])
+@pytest.mark.parametrize("codec", ["zstd", "none", "zstd-v3"])
 def test_packed_batches_equal_unpacked(caches: dict, codec: str) -> None:
     def batches(path: Path) -> list[dict]:
         return list(ShardStream(str(path), view="records", batch_size=32, shuffle=True, seed=3))
 
-    for x, y in zip(batches(caches[(codec, 1)]), batches(caches[(codec, 8)]), strict=True):
+    for x, y in zip(batches(caches[(codec.split("-")[0], 1)]), batches(caches[(codec, 8)]), strict=True):
         assert x.keys() == y.keys()
         for k in x:
             if hasattr(x[k], "numpy"):
@@ -78,7 +82,24 @@ def test_manifest_says_pack_and_version(caches: dict) -> None:
     doc1 = json.loads((caches[("zstd", 1)] / "manifest.json").read_text())
     doc8 = json.loads((caches[("zstd", 8)] / "manifest.json").read_text())
     assert doc1["version"] == 1 and all("pack" not in s for s in doc1["shards"]) and "pack" not in doc1["codec"]
-    assert doc8["version"] == 3 and all(s["pack"] == 8 for s in doc8["shards"]) and doc8["codec"]["pack"] == 8
+    assert doc8["version"] == 4 and all(s["pack"] == 8 for s in doc8["shards"]) and doc8["codec"]["pack"] == 8 and doc8["codec"]["share"] == SHARE_BYTES
+    v3 = json.loads((caches[("zstd-v3", 8)] / "manifest.json").read_text())
+    assert v3["version"] == 3 and "share" not in v3["codec"]
+    raw = json.loads((caches[("none", 8)] / "manifest.json").read_text())
+    assert raw["version"] == 3 and "share" not in raw["codec"]  # (raw entries have no frames to share)
+
+
+def test_small_entries_share_frames(caches: dict) -> None:
+    """With codec.share, a member's small entries coincide in the index (one frame of at most codec.share
+    bytes); v3 entries never do."""
+    for key, shared in ((("zstd", 8), True), (("zstd-v3", 8), False)):
+        sh = open_cache(caches[key])
+        index = sh.index(0)
+        off = index["offset"][:8]
+        assert (off == off[:1]).all(axis=0).any() == shared
+        if shared:  # every frame holds at most codec.share decoded bytes (data and separators)
+            layout = sh.layout(0)
+            assert layout.shared.any() and (layout.lo[layout.shared] <= SHARE_BYTES + 64).all()  # (+ the group's .npy header)
 
 
 def test_packed_verify_ok(caches: dict) -> None:
@@ -247,12 +268,13 @@ def test_large_records_get_smaller_groups(tmp_path: Path) -> None:
 
 
 def test_the_default_packs_only_small_records(tmp_path: Path) -> None:
-    """Not given, ``pack`` is 256 below PACK_BELOW_BYTES (small records, where tar framing would
-    double the bytes) and 1 from it up: the layout plain WebDataset reads (DESIGN.md)."""
+    """Not given, ``pack`` is 256 to 4096 below PACK_BELOW_BYTES (small records, where tar framing would
+    double the bytes: about 4 MB raw per member) and 1 from it up: the layout plain WebDataset reads (DESIGN.md)."""
     from cachebuild.format.packing import PACK_BELOW_BYTES, default_pack
 
-    assert default_pack(PACK_BELOW_BYTES - 1) == 256 and default_pack(PACK_BELOW_BYTES) == 1
-    for record_bytes, pack in ((2050, 256), (PACK_BELOW_BYTES, 1), (1 << 20, 1)):
+    assert default_pack(PACK_BELOW_BYTES - 1) == 512 and default_pack(PACK_BELOW_BYTES) == 1
+    assert default_pack(2050) == 1024 and default_pack(100) == 4096 and default_pack(1) == 4096
+    for record_bytes, pack in ((2050, 1024), (PACK_BELOW_BYTES - 1, 512), (PACK_BELOW_BYTES, 1), (1 << 20, 1)):
         out = tmp_path / f"c{record_bytes}"
         build(FunctionSource.per_block(small_block, FIELDS, record_bytes=record_bytes), out, records=40, progress=False, backend="threading")
         assert read_manifest(out).codec.pack == pack and {s.pack for s in read_manifest(out).shards} == {pack}
@@ -342,3 +364,32 @@ def test_help_and_api_state_the_default_pack_by_record_size(command: str) -> Non
     assert "records of 8 KiB" in text or "records (a file's" in text, text
     doc = " ".join((build_api.__doc__ or "").split())
     assert "8 KiB" in doc and "to 256;" not in doc, doc
+
+
+def _shard_bytes(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.name.startswith("shard-") and not p.name.endswith(".done.json")}
+
+
+def test_shared_frames_are_the_same_bytes_for_any_worker_count(tmp_path: Path) -> None:
+    """Frames are cut inside a member, from the entries' sizes only: 1 or 3 workers write the same shards."""
+    for workers in (1, 3):
+        build(SOURCE, tmp_path / f"w{workers}", records=301, pack=8, workers=workers, progress=False, shard_mb=0.05, backend="threading")
+    one, three = _shard_bytes(tmp_path / "w1"), _shard_bytes(tmp_path / "w3")
+    assert len(one) > 4 and one == three
+    assert read_manifest(tmp_path / "w1").codec.share == SHARE_BYTES
+
+
+def test_reruns_and_appends_keep_a_cache_s_unshared_layout(tmp_path: Path) -> None:
+    """A v3 cache (written before shared frames, or with share=0) is confirmed by a rerun that leaves
+    ``share`` out and grows in its own layout; asking an append for another ``share`` is refused."""
+    out = tmp_path / "c"
+    build(SOURCE, out, records=60, pack=8, share=0, progress=False, shard_mb=0.05, backend="threading")
+    before = _shard_bytes(out)
+    again = build(SOURCE, out, records=60, pack=8, progress=False, shard_mb=0.05, backend="threading")
+    assert again.built == 0 and _shard_bytes(out) == before
+    build(SOURCE, out, records=40, append=True, progress=False, backend="threading")
+    m = read_manifest(out)
+    assert m.codec.share == 0 and m.version == 3 and m.records == 100 and verify_cache(out).ok
+    assert not open_cache(out).layout(len(m.shards) - 1).shared.any()
+    with pytest.raises(ConfigError, match=r"build\.share = 1024: the cache at .* shares frames up to 0 bytes"):
+        build(SOURCE, out, records=40, append=True, share=1024, progress=False, backend="threading")

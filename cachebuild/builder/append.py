@@ -150,6 +150,11 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
         raise CacheMismatchError(f"{out.path} holds a cache of kind {manifest.kind!r}, this recipe builds {source.kind!r}; an append must use the cache's own recipe")
     opts = _cache_defaults(manifest, opts)
     opts = replace(opts, codec=replace(opts.codec, pack=_cache_pack(manifest, opts.codec.pack, opts.pack_given, source.estimated_record_bytes(), str(out.path))))
+    if opts.codec.share is not None and opts.codec.share != manifest.codec.share and opts.codec.pack > 1 and opts.codec.name == "zstd":
+        raise ConfigError(
+            f"build.share = {opts.codec.share}: the cache at {out.path} shares frames up to {manifest.codec.share} bytes (its codec.share), and an append writes as the cache does: leave build.share out"
+        )
+    opts = replace(opts, codec=replace(opts.codec, share=manifest.codec.share))  # (a generation shares frames as its cache does)
     base_doc = _fingerprint_doc(source, opts, per_shard)
     _check_recipe(manifest, base_doc, str(out.path))
     generation = generation_of(manifest) + 1

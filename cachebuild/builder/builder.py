@@ -27,7 +27,7 @@ from cachebuild.builder.lock import build_lock
 from cachebuild.builder.markers import BUILD_RECORD, done_name, read_valid_done, write_done
 from cachebuild.builder.overwrite import discard_unstarted, finish_swap, open_staging, staged_note, swap_in
 from cachebuild.builder.output import LocalOutput, Output, open_output
-from cachebuild.builder.pack_choice import choose_pack
+from cachebuild.builder.pack_choice import choose_pack, choose_share
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
 from cachebuild.builder.prepare import check_local, prepare_out
 from cachebuild.builder.source import RecordSource
@@ -241,8 +241,10 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
 
 
 def _with_pack(opts: BuildOptions, record_bytes: int, out: Output) -> BuildOptions:
-    """``opts`` with the pack to write (an ``--overwrite`` replaces the cache there: it does not take its pack)."""
-    return replace(opts, codec=replace(opts.codec, pack=choose_pack(opts.codec.pack, opts.pack_given, record_bytes, None if opts.overwrite else out)))
+    """``opts`` with the pack (and shared-frame bound) to write (an ``--overwrite`` replaces the cache there: it does not take its layout)."""
+    there = None if opts.overwrite else out
+    codec = replace(opts.codec, pack=choose_pack(opts.codec.pack, opts.pack_given, record_bytes, there))
+    return replace(opts, codec=replace(codec, share=choose_share(codec, there)))
 
 
 def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0: float, per_shard: int) -> BuildSummary:

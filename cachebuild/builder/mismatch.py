@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cachebuild.format.names import FORMAT_VERSION, PACKED_VERSION
+from cachebuild.format.names import FORMAT_VERSION, SHARED_VERSION
 
 __all__ = ["fingerprint_doc_of_manifest", "describe_differences"]
 
@@ -22,8 +22,8 @@ def fingerprint_doc_of_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     """The fingerprint's document as an existing manifest stores it (the same keys the builder hashes)."""
     build = manifest.get("build") or {}
     version = manifest.get("version")
-    if isinstance(version, int) and FORMAT_VERSION <= version <= PACKED_VERSION:
-        version = FORMAT_VERSION  # a manifest says 2 once grown, 3 once packed; its build hashed FORMAT_VERSION
+    if isinstance(version, int) and FORMAT_VERSION <= version <= SHARED_VERSION:
+        version = FORMAT_VERSION  # a manifest says 2 once grown, 3 once packed, 4 with shared frames; its build hashed FORMAT_VERSION
     return {
         "version": version,
         "kind": manifest.get("kind"),
@@ -53,6 +53,7 @@ def describe_differences(cache: dict[str, Any], this: dict[str, Any]) -> str:
     for side in (old, new):  # a codec of one record per member leaves its pack out (format v1's manifest)
         if "codec.name" in side:
             side.setdefault("codec.pack", 1)
+            side.setdefault("codec.share", 0)  # (and one whose entries have their own frames, its share)
     missing = object()
     diffs = [
         f"{key}: cache {_show(old.get(key, missing), missing)}, this build {_show(new.get(key, missing), missing)}"

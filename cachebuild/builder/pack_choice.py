@@ -9,18 +9,25 @@ cache, so the command writes what it writes into an empty folder; not from the r
 build that finished no shard, which the rerun starts over), otherwise
 :func:`~cachebuild.format.packing.default_pack` of the source's record size. (A
 ``BuildOptions`` made in code with another ``Codec.pack`` keeps that value.)
+
+``codec.share`` (shared frames, :mod:`cachebuild.format.shared_frames`) follows the same
+rule: the cache's own where there is one (0 for caches written before shared frames, so they
+are confirmed and resumed as they are), else :data:`~cachebuild.format.packing.SHARE_BYTES`
+for a packed zstd build, 0 otherwise.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 from cachebuild.builder.markers import BUILD_RECORD
 from cachebuild.builder.output import Output
 from cachebuild.format.manifest import MANIFEST_NAME
-from cachebuild.format.packing import DEFAULT_PACK, MAX_PACK, MEMBER_BYTES, default_pack, effective_pack
+from cachebuild.format.codec import Codec
+from cachebuild.format.packing import DEFAULT_PACK, MAX_PACK, MAX_SHARE, MEMBER_BYTES, SHARE_BYTES, default_pack, effective_pack
 
-__all__ = ["choose_pack"]
+__all__ = ["choose_pack", "choose_share"]
 
 
 def choose_pack(asked: int, given: bool, record_bytes: int, out: Output | None) -> int:
@@ -36,9 +43,31 @@ def choose_pack(asked: int, given: bool, record_bytes: int, out: Output | None) 
     return existing if existing is not None else effective_pack(default_pack(record_bytes), record_bytes)
 
 
+def choose_share(codec: Codec, out: Output | None) -> int:
+    """The ``codec.share`` a fresh build (or its rerun) writes with, ``codec.pack`` chosen; see the module's docstring."""
+    if codec.name != "zstd" or codec.pack <= 1:
+        return 0
+    if codec.share is not None:  # (asked for: build.share, share=, a Codec made in code)
+        return codec.share
+    doc = _existing_codec(out) if out is not None else None
+    if doc is None:
+        return SHARE_BYTES
+    share = doc.get("share", 0)
+    return share if isinstance(share, int) and not isinstance(share, bool) and 0 <= share <= MAX_SHARE else 0
+
+
 def _existing_pack(out: Output) -> int | None:
     """The ``codec.pack`` of the cache (manifest) or unfinished build (build record) at ``out``;
     None when there is none or it does not say (a bad value is left to the rerun's own checks)."""
+    doc = _existing_codec(out)
+    if doc is None:
+        return None
+    pack = doc.get("pack", 1)  # a format-v1 manifest leaves its pack (1) out
+    return pack if isinstance(pack, int) and not isinstance(pack, bool) and 1 <= pack <= MAX_PACK else None
+
+
+def _existing_codec(out: Output) -> dict[str, Any] | None:
+    """The ``codec`` document of the cache (manifest) or unfinished build (build record) at ``out``, or None."""
     try:
         names = set(out.names())
     except OSError:
@@ -51,6 +80,5 @@ def _existing_pack(out: Output) -> int | None:
         for key in path:
             doc = doc.get(key) if isinstance(doc, dict) else None
         if isinstance(doc, dict) and "name" in doc:
-            pack = doc.get("pack", 1)  # a format-v1 manifest leaves its pack (1) out
-            return pack if isinstance(pack, int) and not isinstance(pack, bool) and 1 <= pack <= MAX_PACK else None
+            return doc
     return None

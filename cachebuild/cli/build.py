@@ -55,7 +55,7 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
     type=int,
     default=None,
     metavar="N",
-    help="Records per tar member (build.pack) [default: 1 (one member per record and field: plain WebDataset reads it) for records of 8 KiB and more, such as causal graphs; 256 for smaller ones, fewer if that passes 16 MB; a rerun or --append: the cache's own].",
+    help="Records per tar member (build.pack) [default: 1 (one member per record and field: plain WebDataset reads it) for records of 8 KiB and more, such as causal graphs; for smaller ones 256 to 4096, about 4 MB per member (2 KB records: 1024), fewer if that passes 16 MB; a rerun or --append: the cache's own].",
 )
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--family", type=click.Choice(FAMILIES), default=None, help="Graph family (graph.family).")
@@ -131,7 +131,7 @@ def generate_command(**o: Any) -> None:
     type=int,
     default=None,
     metavar="N",
-    help="Records per tar member (build.pack) [default: 1 (one member per file and field: plain WebDataset reads it) for records (a file's mel, label and any waveform) of 8 KiB and more, as the default 40x2x64 mel; 256 for smaller ones; a rerun or --append: the cache's own].",
+    help="Records per tar member (build.pack) [default: 1 (one member per file and field: plain WebDataset reads it) for records (a file's mel, label and any waveform) of 8 KiB and more, as the default 40x2x64 mel; 256 to 4096 for smaller ones (about 4 MB per member); a rerun or --append: the cache's own].",
 )
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--h5-dataset", "h5_datasets", multiple=True, metavar="ROLE=NAME", help="Rename an HDF5 dataset: labels=..., mel=..., waveform=... (repeatable).")
@@ -183,7 +183,7 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
     type=int,
     default=None,
     metavar="N",
-    help="Records per tar member (build.pack) [default: the recipe's, else 1 for records of 8 KiB and more (one member per record and field: plain WebDataset reads it), 256 for smaller ones, fewer if that passes 16 MB; a rerun or --append: the cache's own].",
+    help="Records per tar member (build.pack) [default: the recipe's, else 1 for records of 8 KiB and more (one member per record and field: plain WebDataset reads it), 256 to 4096 for smaller ones (about 4 MB per member), fewer if that passes 16 MB; a rerun or --append: the cache's own].",
 )
 @click.option(
     "--codec",
@@ -228,8 +228,11 @@ def build_command(
     How the shards are stored comes from the recipe's [build] table (or --set; the flags
     --shard-mb, --codec, --level and --pack set the same keys and win over both, as in
     `generate`): shard_mb (256), codec (zstd, or none; mel: none), level (1), pack (records
-    per tar member: 1 for records of 8 KiB and more, 256 for smaller ones, fewer if that passes
-    16 MB; a rerun or --append: the cache's own), workers.
+    per tar member: 1 for records of 8 KiB and more, 256 to 4096 for smaller ones (about 4 MB
+    per member), fewer if that passes 16 MB; a rerun or --append: the cache's own), share
+    (packed zstd: small consecutive entries share one zstd frame of at most this many decoded
+    bytes, format v4; 1024, 0 for one frame per entry; a rerun or --append: the cache's own),
+    workers.
 
     Parallel, deterministic (byte-identical shards for any --workers or backend)
     and resumable: rerun the same command after an interruption to finish it.

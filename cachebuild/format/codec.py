@@ -29,6 +29,10 @@ class Codec:
     level: int = 1
     pack: int = 1
     """Records per tar member the writer packs (1: one member per record and field)."""
+    share: int | None = 0
+    """zstd, ``pack > 1``: the most decoded bytes consecutive entries of a member may share one frame
+    with (0: every entry its own frame; :mod:`cachebuild.format.shared_frames`). None (a build's
+    options only): not asked, the builder chooses (:func:`cachebuild.builder.pack_choice.choose_share`)."""
 
     @property
     def suffix(self) -> str:
@@ -46,29 +50,35 @@ class Codec:
         doc: dict[str, Any] = {"name": self.name, "level": self.level if self.name == "zstd" else None}
         if self.pack != 1:  # (absent in caches of one record per member, so their manifests are unchanged)
             doc["pack"] = self.pack
+        if self.share:  # (absent when entries do not share frames: format v1-v3 manifests are unchanged)
+            doc["share"] = self.share
         return doc
 
 
-def parse_codec(name: str | dict[str, Any] | Codec, level: int | None = None, keys: tuple[str, ...] = ("codec", "codec.level", "codec.pack"), pack: Any = 1) -> Codec:
+def parse_codec(name: str | dict[str, Any] | Codec, level: int | None = None, keys: tuple[str, ...] = ("codec", "codec.level", "codec.pack"), pack: Any = 1, share: Any = None) -> Codec:
     """Validate a codec name (and zstd level, and records per member) from the CLI, a config or a manifest.
 
     ``keys`` are the names an error gives the three values: a recipe's are ``build.codec``,
     ``build.level`` and ``build.pack`` (what ``--set`` and the flags write), a manifest's
-    ``codec``, ``codec.level`` and ``codec.pack``."""
-    from cachebuild.format.packing import MAX_PACK
+    ``codec``, ``codec.level`` and ``codec.pack``. ``share`` (``build.share``, a manifest's ``codec.share``) needs
+    zstd and ``pack > 1`` (None: not given, for the builder to choose)."""
+    from cachebuild.format.packing import MAX_PACK, MAX_SHARE
 
     if isinstance(name, Codec):
         return name
     if isinstance(name, dict):
-        return parse_codec(name.get("name", "zstd"), name.get("level"), keys, name.get("pack", 1))
+        return parse_codec(name.get("name", "zstd"), name.get("level"), keys, name.get("pack", 1), name.get("share", 0))
     if name not in CODEC_NAMES:
         raise ConfigError.bad_value(keys[0], name, f"must be one of {', '.join(CODEC_NAMES)}")
     pack_key = keys[2] if len(keys) > 2 else "pack"
     if not isinstance(pack, int) or isinstance(pack, bool) or not 1 <= pack <= MAX_PACK:
         raise ConfigError.bad_value(pack_key, pack, f"must be a whole number of records per tar member from 1 to {MAX_PACK}")
+    share_key = keys[2].rsplit(".", 1)[0] + ".share" if len(keys) > 2 and "." in keys[2] else "share"
+    if share is not None and (not isinstance(share, int) or isinstance(share, bool) or not 0 <= share <= MAX_SHARE or (share and (name != "zstd" or pack == 1))):
+        raise ConfigError.bad_value(share_key, share, f"must be a whole number of bytes from 0 to {MAX_SHARE}, and 0 unless the codec is zstd with pack > 1")
     if name == "none":
         return Codec("none", 0, pack)
     lvl = 1 if level is None else level
     if not isinstance(lvl, int) or isinstance(lvl, bool) or not -7 <= lvl <= 22:
         raise ConfigError.bad_value(keys[1], lvl, "must be an integer from -7 to 22")
-    return Codec("zstd", lvl, pack)
+    return Codec("zstd", lvl, pack, share)

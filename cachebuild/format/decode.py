@@ -6,7 +6,10 @@ the manifest says its dtype. For a block of record ids:
 
 * zstd: every wanted payload, as a zero-copy slice of the shard's mmap, goes
   to one ``multi_decompress_to_buffer`` call (zstd checks each frame's content
-  checksum); the array data is the last ``nbytes`` of each decoded member;
+  checksum); the array data is the last ``nbytes`` of each decoded member, or,
+  where entries share a frame (:mod:`cachebuild.format.shared_frames`), ends
+  ``tail`` bytes before it: each shared frame is decoded once per block and its
+  records' data gathered into one staging buffer (one numpy gather per buffer);
 * raw: the array data is copied from the mmap into one staging buffer.
 
 Frames are ordered by (field, shape), so records of one shape sit at a uniform
@@ -30,11 +33,11 @@ import zstandard
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.index import MAX_NDIM
 from cachebuild.format.index_check import frame_headers, parse_frame_headers
-from cachebuild.format.limits import MAX_NPY_HEADER
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.json_values import read_json_values
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.segments import Segments, segments_of
+from cachebuild.format.shared_frames import declared_ok, distinct_frames, gather_shared
 from cachebuild.format.zstd_output import OutputBuffer, packed_offsets
 
 try:  # ISA-L's crc32: zlib's checksum, about 4x faster (raw caches check every member read); zlib is the fallback
@@ -114,19 +117,24 @@ class _Frames:
     nbytes: np.ndarray
     crc: np.ndarray
     fcs: np.ndarray  # declared decoded size of each zstd frame (-1: not declared, -2: not a zstd frame)
+    tail: np.ndarray  # decoded bytes after the record's data in its frame (0 unless the frame is shared)
+    lo: np.ndarray  # the decoded size the frame may declare, at least
+    hi: np.ndarray  # and at most
+    shared: np.ndarray  # the frame holds other entries too (bit 0; bit 1: its declared size is lo + a multiple of 64)
     group_shape: list[tuple[int, ...]]
 
 
-_OFF, _SIZE, _NBYTES, _CRC, _FCS, _SHAPE = 0, 1, 2, 3, 4, 5  # columns of an entry table; the shape's dims follow
+_OFF, _SIZE, _NBYTES, _CRC, _FCS, _TAIL, _LO, _HI, _SHR, _SHAPE = range(10)  # columns of an entry table; the shape's dims follow
 
 
 def _shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np.ndarray:
-    """Shard ``s``'s index entries of fields ``cols`` as one int64 array ``[records, len(cols), 5 + nd]``:
-    offset, size, nbytes, crc32, declared decoded size, then the first ``nd`` dims of the shape.
+    """Shard ``s``'s index entries of fields ``cols`` as one int64 array ``[records, len(cols), 9 + nd]``:
+    offset, size, nbytes, crc32, declared decoded size, the frame layout's tail, lo, hi and shared
+    (:class:`~cachebuild.format.shared_frames.FrameLayout`), then the first ``nd`` dims of the shape.
 
     Built once per open shard and field list, and kept with the shard: a block then gathers each
     record's entries in one fancy index, and the zstd frames' declared sizes (read from their headers)
-    are parsed once per shard instead of once per block (``-1`` for raw payloads). Memory: ``8 * (5 + nd)``
+    are parsed once per shard instead of once per block (``-1`` for raw payloads). Memory: ``8 * (9 + nd)``
     bytes per record and field read, next to the index's 56 per record and field.
     """
     sh = shards.shard(s)
@@ -139,9 +147,14 @@ def _shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np
             table[..., c] = idx[key]
         table[..., _SHAPE:] = idx["shape"][..., :nd]
         table[..., _FCS] = -1
+        table[..., _TAIL], table[..., _SHR] = 0, 0
+        table[..., _LO] = table[..., _HI] = table[..., _NBYTES]
         if shards.codec == "zstd" and idx.size:
             hdr = frame_headers(np.frombuffer(sh.view, np.uint8), table[..., _OFF].reshape(-1))
             table[..., _FCS] = parse_frame_headers(hdr, table[..., _SIZE].reshape(-1)).reshape(idx.shape)
+            layout = shards.layout(s)
+            for c, arr in ((_TAIL, layout.tail), (_LO, layout.lo), (_HI, layout.hi), (_SHR, layout.shared + 2 * layout.aligned)):
+                table[..., c] = arr[:, list(cols)]
         table = tables[cols] = table
     return table
 
@@ -225,6 +238,10 @@ def _plan_frames(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.nda
         nbytes=flat[:, _NBYTES],
         crc=flat[:, _CRC],
         fcs=flat[:, _FCS],
+        tail=flat[:, _TAIL],
+        lo=flat[:, _LO],
+        hi=flat[:, _HI],
+        shared=flat[:, _SHR],
         group_shape=group_shape,
     )
     return frames, all_shapes
@@ -234,64 +251,66 @@ def _corrupt(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, i
     return ShardCorruptError(f"{shards.where(int(ids[fr.rec[i]]), names[fr.fld[i]])}: {why}")
 
 
-def _payloads(shards: ShardSet, fr: _Frames) -> list[bytes | bytearray | memoryview]:
-    views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard)}
-    return [views[s][o : o + z] for s, o, z in zip(fr.shard.tolist(), fr.offset.tolist(), fr.size.tolist())]
+def _payloads(shards: ShardSet, fr: _Frames, pick: np.ndarray) -> list[bytes | bytearray | memoryview]:
+    views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard[pick])}
+    return [views[s][o : o + z] for s, o, z in zip(fr.shard[pick].tolist(), fr.offset[pick].tolist(), fr.size[pick].tolist())]
 
 
 def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, threads: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, Any]:
-    """Decompress every frame in one call; return the output buffers and, per frame, buffer id and data offset."""
-    payloads = _payloads(shards, fr)
+    """Decompress every distinct frame in one call; return the output buffers and, per entry, buffer id and data offset."""
+    shared = (fr.shared & 1).astype(bool)
+    pick, slot = distinct_frames(fr.shard, fr.offset, shared)
+    payloads = _payloads(shards, fr, pick)
     dctx = zstandard.ZstdDecompressor()
-    if threads > 1 and int(fr.size.sum()) < _THREADED_MIN_BYTES:
+    if threads > 1 and int(fr.size[pick].sum()) < _THREADED_MIN_BYTES:
         threads = 1  # starting threads costs more than a small block's decompression
-    sizes = _declared_sizes(shards, ids, names, fr)
+    sizes = _declared_sizes(shards, ids, names, fr)[pick]
     try:
-        out = dctx.multi_decompress_to_buffer(payloads, decompressed_sizes=sizes, threads=threads)
+        out = dctx.multi_decompress_to_buffer(payloads, decompressed_sizes=sizes.tobytes(), threads=threads)
     except zstandard.ZstdError as exc:
         m = _ITEM_RE.search(str(exc))
         i = int(m.group(1)) if m else _first_bad_frame(dctx, payloads)
-        raise _corrupt(shards, ids, names, fr, i, "zstd: " + _ITEM_RE.sub("frame", str(exc))) from exc  # the record is named; the block position is not news
+        raise _corrupt(shards, ids, names, fr, int(pick[i]), "zstd: " + _ITEM_RE.sub("frame", str(exc))) from exc  # the record is named; the block position is not news
     n = len(payloads)
-    lens = np.frombuffer(sizes, np.uint64).astype(np.int64)  # zstd checked: each frame decoded to exactly its declared size
+    lens = sizes.astype(np.int64)  # zstd checked: each frame decoded to exactly its declared size
     offs = packed_offsets(out, lens)
     if offs is None:  # several output buffers: ask for each member's place
         segs = [out[i] for i in range(n)]
         offs = np.fromiter((sg.offset for sg in segs), np.int64, n)
         lens = np.fromiter((len(sg) for sg in segs), np.int64, n)
-    short = np.flatnonzero(lens < fr.nbytes)
-    if short.size:
-        i = int(short[0])
-        raise _corrupt(shards, ids, names, fr, i, f"decoded {int(lens[i])} bytes < {int(fr.nbytes[i])} bytes of array data")
     starts = np.flatnonzero(offs == 0)
-    buf_id = np.cumsum(offs == 0) - 1
+    buf_of = np.cumsum(offs == 0) - 1
     buffers = []
     ends = np.append(starts[1:], n)
     for a, b in zip(starts.tolist(), ends.tolist()):
         size = int(offs[b - 1] + lens[b - 1])
         addr = np.frombuffer(out[a], np.uint8).ctypes.data  # type: ignore[call-overload]  # a BufferSegment is a buffer
         buffers.append(np.asarray(OutputBuffer(addr, size, out)))
-    data_off = offs + lens - fr.nbytes
-    stride_ok = np.ones(n, bool)
-    if n > 1:
-        stride_ok[1:] = (offs[1:] == offs[:-1] + lens[:-1]) & (lens[1:] == lens[:-1])
+    eoff, elen, buf_id = offs[slot], lens[slot], buf_of[slot]
+    for i in np.flatnonzero(elen < fr.tail + fr.nbytes)[:1].tolist():
+        raise _corrupt(shards, ids, names, fr, i, f"decoded {int(elen[i])} bytes < {int(fr.tail[i] + fr.nbytes[i])} bytes of array data")
+    data_off = eoff + elen - fr.tail - fr.nbytes  # (the data ends `tail` bytes before its frame's end)
+    stride_ok = np.ones(len(eoff), bool)
+    stride_ok[1:] = (eoff[1:] == eoff[:-1] + elen[:-1]) & (elen[1:] == elen[:-1]) & ~shared[1:] & ~shared[:-1]
+    if shared.any():
+        gather_shared(shared, fr.nbytes, buffers, buf_id, data_off, stride_ok, _ALIGN)
     return buffers, buf_id, data_off, (out, stride_ok)
 
 
-def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> bytes:
+def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> np.ndarray:
     """Each frame's declared decoded size, refused unless it is the index's array data plus a small
     ``.npy`` header: nothing is allocated for a frame that claims more (a decompression bomb)."""
     fcs = fr.fcs  # parsed from the frame headers once per shard (_shard_table)
     if (fcs == -2).any():
         i = int(np.flatnonzero(fcs == -2)[0])
         raise _corrupt(shards, ids, names, fr, i, "not a zstd frame (bad frame header)")
-    most = fr.nbytes + np.where(fr.local % shards.packs[fr.shard] == 0, MAX_NPY_HEADER, 0)  # inside a packed member: the data alone
-    bad = np.flatnonzero((fcs < fr.nbytes) | (fcs > most))
+    # (fr.lo, fr.hi: the entry's data, its frame's other entries' where shared, and a .npy header only in a member's first frame)
+    bad = np.flatnonzero(~declared_ok(fcs, fr.lo, fr.hi, fr.shared >= 2))
     if bad.size:
         i = int(bad[0])
         what = "does not declare its size" if fcs[i] < 0 else f"declares {int(fcs[i])} bytes"
-        raise _corrupt(shards, ids, names, fr, i, f"zstd frame {what}, the index allows {int(fr.nbytes[i])}..{int(most[i])} (corrupt or a decompression bomb)")
-    return fcs.astype(np.uint64).tobytes()
+        raise _corrupt(shards, ids, names, fr, i, f"zstd frame {what}, the index allows {int(fr.lo[i])}..{int(fr.hi[i])} (corrupt or a decompression bomb)")
+    return fcs.astype(np.uint64)
 
 
 def _first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Sequence[bytes | bytearray | memoryview]) -> int:

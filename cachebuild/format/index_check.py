@@ -26,6 +26,7 @@ from cachebuild.format.index import MAX_NDIM
 from cachebuild.format.limits import END_BYTES, MAX_JSON_BYTES, MAX_NPY_HEADER, MEMBER_MIN_BYTES
 from cachebuild.format.names import JSON_DTYPE, KEY_DIGITS, member_name, record_key
 from cachebuild.format.packing import is_first_entry, tar_order
+from cachebuild.format.shared_frames import coincides, declared_ok, frame_layout
 from cachebuild.format.tarball import tar_headers
 
 __all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_names", "frame_content_sizes", "frame_headers", "parse_frame_headers"]
@@ -46,7 +47,7 @@ def _field_limits(fields: Sequence[Any]) -> tuple[np.ndarray, ...]:
     return ndim, item, lo, hi
 
 
-def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int | None, pack: int = 1) -> list[tuple[str, np.ndarray]]:
+def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int | None, pack: int = 1, share: int = 0) -> list[tuple[str, np.ndarray]]:
     """(what is wrong, bad mask ``[records, fields]``) for every check, in the order they are reported."""
     ndim, item, lo, hi = _field_limits(fields)
     off, size, nbytes = index["offset"], index["size"], index["nbytes"]
@@ -70,15 +71,19 @@ def _problems(index: np.ndarray, fields: Sequence[Any], raw: bool, tar_size: int
             checks.append(("raw entry inside a packed member is not exactly its data", inner & (size != nbytes + is_json)))
     if tar_size is not None:
         checks.append((f"payload lies past the end of the tar ({tar_size} bytes)", (off > tar_size) | (size > tar_size - np.minimum(off, tar_size))))
-    checks.append(_layout_problem(off, size, pack, tar_size))
+    checks.append(_layout_problem(off, size, pack, tar_size, share))
+    if share:  # a random read decodes a record's whole frame: bounded by codec.share
+        layout = frame_layout(index, is_json[0], pack)
+        checks.append((f"shared zstd frame holds more than codec.share = {share} bytes", layout.shared & (layout.lo > share)))
     return checks
 
 
-def _layout_problem(off: np.ndarray, size: np.ndarray, pack: int, tar_size: int | None) -> tuple[str, np.ndarray]:
+def _layout_problem(off: np.ndarray, size: np.ndarray, pack: int, tar_size: int | None, share: int = 0) -> tuple[str, np.ndarray]:
     """Entries in tar order (:func:`~cachebuild.format.packing.tar_order`) lie end to end as the writer
     writes them: the first one after the first tar header, a member's first entry after the previous
     member's end, its padding and a tar header, a packed member's later entries right after the entry
-    before them, and (``tar_size`` known) the tar's 1024-byte end right after the last member's padding.
+    before them (or, ``share > 0``, in the same frame as it: the same offset and size), and
+    (``tar_size`` known) the tar's 1024-byte end right after the last member's padding.
     So the tar holds nothing the index does not account for (no hidden member)."""
     order = tar_order(off.shape[0], off.shape[1], pack)
     flat_off, flat_size = off.reshape(-1)[order], size.reshape(-1)[order]
@@ -87,7 +92,10 @@ def _layout_problem(off: np.ndarray, size: np.ndarray, pack: int, tar_size: int 
     bad = np.zeros(flat_off.shape, bool)
     bad[0] = flat_off[0] != _HEADER
     if flat_off.size > 1:
-        bad[1:] = np.where(opens[1:], flat_off[1:] != end[:-1] + (-end[:-1] % _HEADER) + _HEADER, flat_off[1:] != end[:-1])
+        follows = flat_off[1:] == end[:-1]
+        if share:
+            follows |= (flat_off[1:] == flat_off[:-1]) & (flat_size[1:] == flat_size[:-1])
+        bad[1:] = np.where(opens[1:], flat_off[1:] != end[:-1] + (-end[:-1] % _HEADER) + _HEADER, ~follows)
     if tar_size is not None:
         bad[-1] |= end[-1] + (-end[-1] % _HEADER) + END_BYTES != tar_size
     out = np.zeros(bad.shape, bool)
@@ -98,13 +106,13 @@ def _layout_problem(off: np.ndarray, size: np.ndarray, pack: int, tar_size: int 
     return what, out.reshape(off.shape)
 
 
-def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: int, shard: str, first_record: int, tar_size: int | None = None, pack: int = 1) -> None:
-    """Raise :class:`ShardCorruptError` unless ``index`` agrees with the manifest (``fields``, ``records``, ``pack``) and the tar's size."""
+def check_index(index: np.ndarray, fields: Sequence[Any], codec: str, records: int, shard: str, first_record: int, tar_size: int | None = None, pack: int = 1, share: int = 0) -> None:
+    """Raise :class:`ShardCorruptError` unless ``index`` agrees with the manifest (``fields``, ``records``, ``pack``, ``share``) and the tar's size."""
     if index.shape != (records, len(fields)):
         raise ShardCorruptError(f"shard {shard}: index has shape {list(index.shape)}, the manifest implies [{records}, {len(fields)}] (records, fields)")
     if not index.size:
         return
-    for why, bad in _problems(index, fields, codec == "none", tar_size, pack):
+    for why, bad in _problems(index, fields, codec == "none", tar_size, pack, share):
         if bad.any():
             r, j = (int(v[0]) for v in np.nonzero(bad))
             e = index[r, j]
@@ -130,10 +138,11 @@ def _expected_names(fields: Sequence[Any], codec: str, first_record: int, rows: 
 
 
 def _member_sizes(index: np.ndarray, pack: int) -> np.ndarray:
-    """``[groups, fields]``: each member's payload length, the sum of its entries' (its end is checked by :func:`check_index`)."""
+    """``[groups, fields]``: each member's payload length, the sum of its frames' (entries sharing a
+    frame count it once; its end is checked by :func:`check_index`)."""
     if pack == 1:
         return index["size"]
-    return np.add.reduceat(index["size"], np.arange(0, len(index), pack), axis=0)
+    return np.add.reduceat(np.where(coincides(index, pack), 0, index["size"]), np.arange(0, len(index), pack), axis=0)
 
 
 def check_member_keys(buf: Any, index: np.ndarray, fields: Sequence[Any], codec: str, shard: str, first_record: int, rows: Sequence[int], pack: int = 1) -> None:
@@ -224,18 +233,16 @@ def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str
     is_json = np.array([f.dtype == JSON_DTYPE for f in fields])
     flat = index.reshape(-1)
     declared = frame_content_sizes(np.frombuffer(view, np.uint8), flat["offset"], flat["size"])
-    nbytes = flat["nbytes"]
-    extra = np.where(np.tile(is_json, len(index)), 0 if pack == 1 else 1, MAX_NPY_HEADER)  # (a packed JSON entry: its "\n")
-    if pack > 1:  # an array entry inside a packed member decodes to its data alone
-        extra = np.where(np.repeat(~is_first_entry(len(index), pack), len(fields)) & ~np.tile(is_json, len(index)), 0, extra)
-    bad = np.flatnonzero((declared < nbytes) | (declared > nbytes + extra))
+    layout = frame_layout(index, is_json, pack)  # the entry's data and separator (a packed JSON entry: its "\n"), those of the entries sharing its frame, a header where due
+    lo, hi = layout.lo.reshape(-1), layout.hi.reshape(-1)
+    bad = np.flatnonzero(~declared_ok(declared, lo, hi, layout.aligned.reshape(-1)))
     if bad.size:
         r, j = divmod(int(bad[0]), len(fields))
         d = int(declared[bad[0]])
         what = "has a bad frame header" if d == -2 else "does not declare its size" if d < 0 else f"declares {d} bytes"
         raise ShardCorruptError(
             f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': zstd frame {what}, "
-            f"the index allows {int(nbytes[bad[0]])}..{int(nbytes[bad[0]] + extra[bad[0]])} (corrupt or a decompression bomb)"
+            f"the index allows {int(lo[bad[0]])}..{int(hi[bad[0]])} (corrupt or a decompression bomb)"
         )
 
 

@@ -16,26 +16,37 @@ __all__ = ["read_json_values"]
 
 def read_json_values(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, name: str) -> list[Any]:
     """JSON field ``name`` of records ``ids`` (in shards ``s`` at rows ``local``), one Python decode per
-    record (small metadata, off the hot path); a frame declaring another size is refused unread."""
+    record (small metadata, off the hot path); a frame declaring another size is refused unread.
+
+    A record's text ends ``tail`` bytes before its decoded frame's end (0 unless entries share the
+    frame, :mod:`cachebuild.format.shared_frames`); a shared frame is decoded once per call."""
     j = shards.field_pos[name]
     dctx = zstandard.ZstdDecompressor() if shards.codec == "zstd" else None
     values: list[Any] = []
     data: bytes | memoryview
+    decoded: dict[tuple[int, int], bytes] = {}
     for rid, sh, loc in zip(ids.tolist(), s.tolist(), local.tolist()):
         shard = shards.shard(sh)
         e = shard.index[loc, j]
-        raw = shard.view[int(e["offset"]) : int(e["offset"]) + int(e["size"])]
-        nbytes = int(e["nbytes"])
-        most = nbytes + (shard.entry.pack > 1)  # (a packed JSON entry may start with its "\n" separator)
+        off, nbytes = int(e["offset"]), int(e["nbytes"])
+        raw = shard.view[off : off + int(e["size"])]
+        tail = 0
         try:
             if dctx is not None:
-                declared = zstandard.frame_content_size(raw)
-                if not nbytes <= declared <= most:
-                    raise ShardCorruptError(f"{shards.where(rid, name)}: zstd frame declares {declared} bytes, the index says {nbytes} (corrupt or a decompression bomb)")
-                data = dctx.decompress(raw, max_output_size=most)
+                layout = shards.layout(sh)
+                lo, hi, tail = int(layout.lo[loc, j]), int(layout.hi[loc, j]), int(layout.tail[loc, j])
+                data = decoded.get((sh, off), b"")
+                if not data:
+                    declared = zstandard.frame_content_size(raw)
+                    if not lo <= declared <= hi:  # (the text, a packed entry's "\n", and those of the entries sharing its frame)
+                        raise ShardCorruptError(f"{shards.where(rid, name)}: zstd frame declares {declared} bytes, the index allows {lo}..{hi} (corrupt or a decompression bomb)")
+                    data = dctx.decompress(raw, max_output_size=hi)
+                    if layout.shared[loc, j]:
+                        decoded[(sh, off)] = data
             else:
                 data = raw
         except zstandard.ZstdError as exc:
             raise ShardCorruptError(f"{shards.where(rid, name)}: {exc}") from exc
-        values.append(load_json_bounded(data[len(data) - nbytes :], shards.where(rid, name), ShardCorruptError))
+        end = len(data) - tail
+        values.append(load_json_bounded(data[end - nbytes : end], shards.where(rid, name), ShardCorruptError))
     return values

@@ -29,7 +29,7 @@ import numpy as np
 
 from cachebuild.errors import CacheBuildError, ManifestError
 from cachebuild.format.json_text import refuse_constant
-from cachebuild.format.names import JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION
+from cachebuild.format.names import JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION, SHARED_VERSION
 from cachebuild.format.packing import MAX_PACK
 
 __all__ = [
@@ -216,3 +216,5 @@ def check_manifest(m: Any, declared_records: Any, where: str) -> None:
     packed = next((i for i, s in enumerate(m.shards) if s.pack != 1), None)
     if packed is not None and m.version < PACKED_VERSION:
         raise ManifestError(f"{where}: shards[{packed}].pack = {m.shards[packed].pack} needs format version {PACKED_VERSION}, the manifest says {m.version}")
+    if m.codec.share and m.version < SHARED_VERSION:
+        raise ManifestError(f"{where}: codec.share = {m.codec.share} needs format version {SHARED_VERSION}, the manifest says {m.version}")

@@ -17,11 +17,11 @@ import numpy as np
 from cachebuild.errors import ManifestError, SourceError
 from cachebuild.format.codec import Codec, parse_codec
 from cachebuild.format.limits import MAX_MANIFEST_BYTES, check_manifest, load_json_bounded
-from cachebuild.format.names import FORMAT_NAME, FORMAT_VERSION, JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION
+from cachebuild.format.names import FORMAT_NAME, FORMAT_VERSION, JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION, SHARED_VERSION
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "manifest_version", "read_manifest", "schemas_from_indexes"]
 
-READ_VERSIONS = (1, 2, 3)  # 2: a grown cache (generation >= 1, see cachebuild.format.generations); 3: packed members (cachebuild.format.packing)
+READ_VERSIONS = (1, 2, 3, 4)  # 2: a grown cache (generation >= 1, see cachebuild.format.generations); 3: packed members (cachebuild.format.packing); 4: shared frames (cachebuild.format.shared_frames)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Manifest:
     def to_json(self) -> bytes:
         doc = {
             "format": FORMAT_NAME,
-            "version": manifest_version(self.version, self.shards),
+            "version": manifest_version(self.version, self.shards, self.codec.share or 0),
             "kind": self.kind,
             "created_by": self.created_by,
             "seed": self.seed,
@@ -155,10 +155,13 @@ class Manifest:
         return manifest
 
 
-def manifest_version(version: int, shards: Sequence[ShardEntry]) -> int:
+def manifest_version(version: int, shards: Sequence[ShardEntry], share: int = 0) -> int:
     """The version a manifest is written with: ``version`` (1, or 2 for a grown cache), raised to
-    :data:`~cachebuild.format.names.PACKED_VERSION` once a shard packs records, so readers older
-    than packing refuse the cache with their version message instead of misreading it."""
+    :data:`~cachebuild.format.names.PACKED_VERSION` once a shard packs records, and to
+    :data:`~cachebuild.format.names.SHARED_VERSION` when entries may share frames (``codec.share``),
+    so readers older than packing (or sharing) refuse the cache with their version message instead of misreading it."""
+    if share:
+        return max(version, SHARED_VERSION)
     return max(version, PACKED_VERSION) if any(s.pack != 1 for s in shards) else version
 
 

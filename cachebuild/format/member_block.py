@@ -14,7 +14,9 @@ for raw caches, 0 for zstd (its frames carry a checksum). With ``pack == 1``
 every entry is a whole member with its own header. With ``pack > 1`` a member
 holds a group of ``pack`` records (:mod:`cachebuild.format.packing`): only the
 group's first entry carries the header (of the stacked or flat group array),
-and a JSON member's later entries start with ``\n``.
+and a JSON member's later entries start with ``\n``. With ``share > 0`` (zstd),
+consecutive entries of a member share one frame while it holds at most
+``share`` decoded bytes (:mod:`cachebuild.format.shared_frames`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from cachebuild.format.json_text import compact_encoder, nonfinite_at
 from cachebuild.format.limits import MAX_JSON_BYTES
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.npy import npy_headers
-from cachebuild.format.packing import group_starts, tar_order
+from cachebuild.format.packing import group_starts, is_first_entry, tar_order
+from cachebuild.format.shared_frames import frame_cuts, shared_compressor
 
 try:  # ISA-L's crc32: zlib's checksum (the same values), about 2.5x faster on a raw graph's members
     from isal.isal_zlib import crc32 as _crc32
@@ -73,7 +76,9 @@ class EncodedRun:
     (or JSON text); zstd, no prefixes and one frame. ``order[i]`` is entry ``i``'s
     position in the record-major ``rows.reshape(-1)``; ``rows`` are the index entries
     ``[records, fields]`` with offsets and sizes still 0; ``raw_bytes`` the
-    uncompressed payload bytes.
+    uncompressed payload bytes. With shared frames, ``sizes[i]`` is the size of entry
+    ``i``'s frame and ``stored[i]`` what entry ``i`` writes (its frame, if it opens it,
+    in ``bodies[i]``; else 0 bytes); ``stored`` is None when every entry is its own frame.
     """
 
     prefixes: list[bytes] | None
@@ -82,6 +87,7 @@ class EncodedRun:
     rows: np.ndarray
     raw_bytes: int
     order: np.ndarray
+    stored: np.ndarray | None = None
 
 
 @dataclass
@@ -201,12 +207,13 @@ def _rows(columns: list[_Column], count: int) -> np.ndarray:
     return rows
 
 
-def encode_run(records: Sequence[Mapping[str, Any]], specs: Sequence[FieldSpec], cctx: Any, key_of: Callable[[int], str], pack: int = 1) -> EncodedRun:
+def encode_run(records: Sequence[Mapping[str, Any]], specs: Sequence[FieldSpec], cctx: Any, key_of: Callable[[int], str], pack: int = 1, share: int = 0) -> EncodedRun:
     """Encode ``records`` into entries; ``key_of(i)`` is record ``i``'s key (for error messages).
 
     ``cctx`` is a zstd compressor, or None for raw payloads; record 0 opens a
-    group of ``pack`` records. Raises :class:`MemberError` for a record that
-    does not fit the schema.
+    group of ``pack`` records; ``share`` (zstd, ``pack > 1``) lets consecutive entries
+    of a member share a frame of at most that many decoded bytes. Raises
+    :class:`MemberError` for a record that does not fit the schema.
     """
     raw = cctx is None
     columns = []
@@ -220,8 +227,68 @@ def encode_run(records: Sequence[Mapping[str, Any]], specs: Sequence[FieldSpec],
     if raw:
         prefixes, bodies = _record_major([c.prefixes for c in columns]), _record_major([c.bodies for c in columns])
         return EncodedRun(_reorder(prefixes, order, pack), _reorder(bodies, order, pack), raw_len[order], rows, int(raw_len.sum()), order)
-    frames = _reorder(_compress(cctx, _record_major([x for c in columns for x in (c.prefixes, c.bodies)]), raw_len), order, pack)
+    pieces = _record_major([x for c in columns for x in (c.prefixes, c.bodies)])
+    if share > 0 and pack > 1:
+        return _shared_run(cctx, pieces, raw_len, rows, order, pack, share)
+    frames = _reorder(_compress(cctx, pieces, raw_len), order, pack)
     return EncodedRun(None, frames, np.fromiter(map(len, frames), np.int64, len(frames)), rows, int(raw_len.sum()), order)
+
+
+def _shared_run(cctx: Any, pieces: list[Any], raw_len: np.ndarray, rows: np.ndarray, order: np.ndarray, pack: int, share: int) -> EncodedRun:
+    """zstd entries in tar order, consecutive entries of a member sharing a frame of at most ``share``
+    decoded bytes (:func:`~cachebuild.format.shared_frames.frame_cuts`)."""
+    nf = rows.shape[1]
+    tar_len = raw_len[order]
+    opens = frame_cuts(tar_len, np.repeat(is_first_entry(rows.shape[0], pack), nf)[order], share)
+    starts = np.flatnonzero(opens)
+    frame_len = np.add.reduceat(tar_len, starts) if len(starts) else np.zeros(0, np.int64)
+    tar_pieces: list[Any] = [None] * (2 * len(order))
+    idx = order.tolist()
+    tar_pieces[::2] = [pieces[2 * i] for i in idx]
+    tar_pieces[1::2] = [pieces[2 * i + 1] for i in idx]
+    count = np.diff(np.append(starts, len(order)))
+    frames = _compress_frames(cctx, b"".join(tar_pieces), frame_len, count > 1)
+    fsize = np.fromiter(map(len, frames), np.int64, len(frames))
+    fid = np.cumsum(opens) - 1
+    bodies: list[Any] = [b""] * len(order)
+    for t, f in zip(starts.tolist(), frames):
+        bodies[t] = f
+    stored = np.where(opens, fsize[fid], 0)
+    return EncodedRun(None, bodies, fsize[fid], rows, int(raw_len.sum()), order, stored)
+
+
+def _compress_frames(cctx: Any, data: bytes, lens: np.ndarray, shared: np.ndarray) -> list[Any]:
+    """One zstd frame per consecutive slice of ``data`` (``lens`` bytes each): with ``cctx``, or, for a
+    frame of several entries (``shared``), at :data:`~cachebuild.format.shared_frames.SHARED_LEVEL`."""
+    if not shared.any():
+        return _compress_joined(cctx, data, lens)
+    ends = np.cumsum(lens)
+    view = memoryview(data)
+    pieces = [view[a:b] for a, b in zip((ends - lens).tolist(), ends.tolist())]
+    out: list[Any] = [None] * len(lens)
+    for mask, ctx in ((~shared, cctx), (shared, shared_compressor())):
+        pick = np.flatnonzero(mask)
+        if pick.size:
+            for i, frame in zip(pick.tolist(), _compress_joined(ctx, b"".join(pieces[i] for i in pick.tolist()), lens[pick])):
+                out[i] = frame
+    return out
+
+
+def _compress_joined(cctx: Any, data: bytes, lens: np.ndarray) -> list[Any]:
+    """One zstd frame per consecutive slice of ``data`` (``lens`` bytes each), batched where the binding can."""
+    if not len(lens):
+        return []
+    ends = np.cumsum(lens)
+    batch = getattr(cctx, "multi_compress_to_buffer", None)
+    if batch is None:  # the cffi binding: one call per frame
+        return [cctx.compress(data[a:b]) for a, b in zip((ends - lens).tolist(), ends.tolist())]
+    import zstandard
+
+    segments = np.empty((len(lens), 2), np.uint64)
+    segments[:, 1] = lens
+    segments[:, 0] = ends - lens
+    out = batch(zstandard.BufferWithSegments(data, segments.tobytes()))
+    return [out[i] for i in range(len(lens))]
 
 
 def _reorder(items: list[Any], order: np.ndarray, pack: int) -> list[Any]:

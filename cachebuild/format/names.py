@@ -16,6 +16,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "PACKED_VERSION",
+    "SHARED_VERSION",
     "INDEX_SUFFIX",
     "PACKED_INDEX_SUFFIX",
     "JSON_DTYPE",
@@ -37,6 +38,8 @@ FORMAT_VERSION = 1
 2 and 3 add generations and packed members; :func:`cachebuild.format.manifest.manifest_version`)."""
 PACKED_VERSION = 3
 """The manifest's ``version`` once a shard packs several records per member (older readers refuse it)."""
+SHARED_VERSION = 4
+"""The manifest's ``version`` once entries of a packed member may share a zstd frame (``codec.share``)."""
 MANIFEST_NAME = "manifest.json"
 """The manifest's file name at the cache root."""
 JSON_DTYPE = "json"

@@ -35,8 +35,9 @@ from cachebuild.errors import ManifestError, ShardCorruptError
 from cachebuild.format.index import load_index
 from cachebuild.format.index_check import check_index, check_member_keys
 from cachebuild.format.packing import tar_order
+from cachebuild.format.shared_frames import FrameLayout, frame_layout
 from cachebuild.format.manifest import Manifest, ShardEntry, read_manifest
-from cachebuild.format.names import record_key
+from cachebuild.format.names import JSON_DTYPE, record_key
 
 __all__ = ["VERIFY_MODES", "LocalFiles", "Locator", "OpenShard", "ShardSet", "check_shard_files", "confined_file", "local_path", "open_cache"]
 
@@ -161,7 +162,7 @@ def load_checked_index(manifest: Manifest, entry: ShardEntry, idx_path: Path, ta
         raise ShardCorruptError(f"index {idx_path}: checksum differs from the manifest's (corrupt or replaced)")
     index = load_index(idx_path, len(manifest.fields), entry.records)
     try:
-        check_index(index, manifest.fields, manifest.codec.name, entry.records, entry.name, entry.first_record, tar_size, entry.pack)
+        check_index(index, manifest.fields, manifest.codec.name, entry.records, entry.name, entry.first_record, tar_size, entry.pack, manifest.codec.share or 0)
     except ShardCorruptError as exc:
         if "out of order" not in str(exc):
             raise
@@ -262,6 +263,16 @@ class ShardSet:
             entry = self.manifest.shards[s]
             sh = self._open[s] = self.locator.open(s, lambda path, idx_path: open_shard(self.manifest, entry, path, idx_path))
         return sh
+
+    def layout(self, s: int) -> FrameLayout:
+        """Shard ``s``'s frame layout (which entries share a zstd frame, where each record's data ends in
+        it: :mod:`cachebuild.format.shared_frames`), computed from its index once per open shard."""
+        sh = self.shard(s)
+        layout: FrameLayout | None = sh.__dict__.get("_frame_layout")
+        if layout is None:
+            is_json = np.array([f.dtype == JSON_DTYPE for f in self.manifest.fields], bool)
+            layout = sh.__dict__["_frame_layout"] = frame_layout(sh.index, is_json, sh.entry.pack)
+        return layout
 
     def index(self, s: int) -> np.ndarray:
         """The index of shard ``s`` (checked), without opening (or fetching) its tar unless it is open."""

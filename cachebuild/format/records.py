@@ -101,14 +101,22 @@ def check_headers(shards: ShardSet, ids: np.ndarray, names: Sequence[str] | None
         shard = shards.shard(sh)
         for name in names if names is not None else shards.manifest.field_names:
             schema = shards.manifest.schema(name)
-            column = shard.index[:, shards.field_pos[name]]
+            j = shards.field_pos[name]
+            column = shard.index[:, j]
             want = _expected_shapes(column, local[rows], shard.entry.pack, schema.ndim)
             seen: set[tuple[bytes, tuple[int, ...] | None]] = set()
+            layout = shards.layout(sh) if dctx is not None else None
+            frames: dict[int, bytes] = {}
             for rid, at, shape in zip(ids[rows].tolist(), local[rows].tolist(), want):
                 e = column[at]
                 off, size, nbytes = int(e["offset"]), int(e["size"]), int(e["nbytes"])
                 try:
-                    prefix = _header(shard.view[off : off + size], nbytes, dctx, 1 if schema.dtype == JSON_DTYPE else MAX_NPY_HEADER)
+                    if layout is not None and layout.shared[at, j]:  # the bytes between the entry before it in its frame (or the frame's start) and its data
+                        frame = frames.get(off) or frames.setdefault(off, dctx.decompress(shard.view[off : off + size], max_output_size=int(layout.hi[at, j])))  # type: ignore[union-attr]
+                        start = len(frame) - int(layout.tail[at, j]) - nbytes
+                        prefix = frame[: max(start, 0)] if layout.opens[at, j] else frame[max(start - 1, 0) : start] if schema.dtype == JSON_DTYPE else b""
+                    else:
+                        prefix = _header(shard.view[off : off + size], nbytes, dctx, 1 if schema.dtype == JSON_DTYPE else MAX_NPY_HEADER)
                 except (ValueError, zstandard.ZstdError) as exc:
                     raise ShardCorruptError(f"{shards.where(rid, name)}: {exc}") from exc
                 if schema.dtype == JSON_DTYPE:

@@ -154,7 +154,7 @@ class ShardWriter:
     def _write_run(self, records: Sequence[Mapping[str, Any]]) -> None:
         first = self.first_record + self._count
         try:
-            run = encode_run(records, self._specs, self._cctx, lambda i: record_key(first + i), self.pack)
+            run = encode_run(records, self._specs, self._cctx, lambda i: record_key(first + i), self.pack, self.codec.share or 0)
             self._check_ranks(run.rows, first)
         except MemberError as exc:
             exc.record += self._count  # (from the run's to the shard's position)
@@ -195,7 +195,7 @@ class ShardWriter:
         separator, or nothing). Returns (buffers, the padded end of the last
         member, that member's padding).
         """
-        sizes = run.sizes
+        sizes = run.sizes if run.stored is None else run.stored  # bytes each entry writes (0 inside a shared frame)
         m, nf = len(sizes), len(self._specs)
         if m == 0:  # a schema without fields
             return [], self._pos, self._pad
@@ -208,9 +208,12 @@ class ShardWriter:
         data_at = self._pos + np.cumsum(steps) - steps + BLOCK
         before = np.cumsum(sizes) - sizes
         offsets = data_at[member] + before - before[opens][member]
+        if run.stored is not None:  # an entry inside a shared frame points at its frame
+            frame_at = np.flatnonzero(sizes > 0)
+            offsets = offsets[frame_at][np.cumsum(sizes > 0) - 1]
         flat = run.rows.reshape(-1)
         flat["offset"][run.order] = offsets
-        flat["size"][run.order] = sizes
+        flat["size"][run.order] = run.sizes
         prefixes = run.prefixes or []
         plen = np.fromiter(map(len, prefixes), np.int64, len(prefixes)) if prefixes else np.zeros(m, np.int64)
         width = 2 * BLOCK + int(plen.max())

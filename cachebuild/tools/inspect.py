@@ -65,11 +65,13 @@ def generation_lines(m: Manifest, root: Path) -> list[str]:
 
 
 def _pack_text(m: Manifest) -> str:
-    """``, 256 records per member`` (the shards' ``pack``; several values in a grown or mixed cache)."""
+    """``, 256 records per member`` (the shards' ``pack``; several values in a grown or mixed cache),
+    and ``, small entries share frames of up to 1024 bytes`` (``codec.share``, format v4)."""
     packs = sorted({s.pack for s in m.shards})
     if not packs:
         return ""
-    return f", {'/'.join(map(str, packs))} record{'s' if packs != [1] else ''} per member"
+    share = f", small entries share frames of up to {m.codec.share} bytes" if m.codec.share else ""
+    return f", {'/'.join(map(str, packs))} record{'s' if packs != [1] else ''} per member{share}"
 
 
 def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
