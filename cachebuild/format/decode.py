@@ -44,7 +44,6 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["FieldBlock", "read_block"]
 
-_ALIGN = 8
 _SEGMENT_RUNS = 16
 """A 1-d field whose block splits into more runs than this (many lengths) is scattered with one gather, not run by run."""
 _ITEM_RE = re.compile(r"item (\d+)")
@@ -79,7 +78,11 @@ class FieldBlock:
             return
         for rows, data in self.runs:
             where = rows if dest is None else dest[rows]
-            out[(where,) + tuple(slice(0, int(n)) for n in data.shape[1:])] = data
+            target = out[(slice(None),) + tuple(slice(0, int(n)) for n in data.shape[1:])]
+            rowwise = _as_rows(target, data)
+            if rowwise is not None:
+                target, data = rowwise
+            target[where] = data
 
     def dense(self) -> np.ndarray:
         """All records stacked, for a field whose shape is the same in every record of the block."""
@@ -89,6 +92,23 @@ class FieldBlock:
         out = np.empty((len(self.shapes),) + shape, dtype=self.dtype)
         self.scatter(out)
         return out
+
+
+def _as_rows(target: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``target`` and ``data`` with their last axis viewed as one opaque item (``V{bytes}``), or None.
+
+    A padded copy's innermost rows are short (a graph's ``n`` floats): numpy's strided copy then
+    pays its inner-loop cost per few elements; as one item per row it copies whole rows (about 2x
+    faster for the causal ``int`` field). Same bytes either way; only where no cast is needed and
+    both last axes are contiguous.
+    """
+    if data.ndim < 2 or target.dtype != data.dtype or data.shape[-1] < 2:
+        return None
+    size = data.dtype.itemsize
+    if target.strides[-1] != size or data.strides[-1] != size:
+        return None
+    row = np.dtype((np.void, size * data.shape[-1]))
+    return target.view(row)[..., 0], data.view(row)[..., 0]
 
 
 @lru_cache(maxsize=64)
@@ -304,23 +324,25 @@ def _first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Sequence[bytes 
 
 
 def _decode_raw(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, Any]:
-    """Copy every frame's array data into one staging buffer (aligned, so runs are uniformly strided)."""
-    padded = (fr.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    data_off = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64) if len(padded) else np.zeros(0, np.int64)
-    stage = np.empty(int(padded.sum()), np.uint8)
-    dst = stage.data
+    """Every frame's payload, back to back in one buffer (one ``bytes.join``: a C loop, no Python copy per member),
+    each checked against its crc32 first; the array data is the last ``nbytes`` of each payload.
+
+    Payloads of one (field, shape) group have one size, so they sit at a uniform stride. The data is
+    aligned for its dtype when the ``.npy`` headers are (64 bytes in every shard we write; fields are
+    ordered widest dtype first); numpy reads a stranger's unaligned data all the same.
+    """
     views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard)}
-    check = shards.verify == "crc"
-    crcs = fr.crc.tolist()
-    for i, (s, o, z, nb, a) in enumerate(zip(fr.shard.tolist(), fr.offset.tolist(), fr.size.tolist(), fr.nbytes.tolist(), data_off.tolist())):
-        src = views[s][o : o + z]
-        if check and crc32(src) != crcs[i]:
-            raise _corrupt(shards, ids, names, fr, i, "crc32 mismatch (corrupt payload)")
-        dst[a : a + nb] = src[z - nb :]
-    stride_ok = np.ones(len(padded), bool)
-    if len(padded) > 1:
-        stride_ok[1:] = padded[1:] == padded[:-1]
-    return [stage], np.zeros(len(padded), np.int64), data_off, (stage, stride_ok)
+    payloads = [views[s][o:e] for s, o, e in zip(fr.shard.tolist(), fr.offset.tolist(), (fr.offset + fr.size).tolist())]
+    if shards.verify == "crc":
+        bad = np.flatnonzero(np.fromiter(map(crc32, payloads), np.int64, len(payloads)) != fr.crc)
+        if bad.size:
+            raise _corrupt(shards, ids, names, fr, int(bad[0]), "crc32 mismatch (corrupt payload)")
+    joined = b"".join(payloads)
+    data_off = np.cumsum(fr.size) - fr.nbytes
+    stride_ok = np.ones(len(payloads), bool)
+    if len(payloads) > 1:
+        stride_ok[1:] = (fr.size[1:] == fr.size[:-1]) & (fr.nbytes[1:] == fr.nbytes[:-1])
+    return [np.frombuffer(joined, np.uint8)], np.zeros(len(payloads), np.int64), data_off, (joined, stride_ok)
 
 
 def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads: int = 1) -> dict[str, FieldBlock]:
