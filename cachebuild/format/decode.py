@@ -34,6 +34,7 @@ from cachebuild.format.limits import MAX_NPY_HEADER
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.json_values import read_json_values
 from cachebuild.format.reader import ShardSet
+from cachebuild.format.rows import as_rows
 from cachebuild.format.segments import Segments, segments_of
 from cachebuild.format.zstd_output import OutputBuffer, packed_offsets
 
@@ -79,7 +80,7 @@ class FieldBlock:
         for rows, data in self.runs:
             where = rows if dest is None else dest[rows]
             target = out[(slice(None),) + tuple(slice(0, int(n)) for n in data.shape[1:])]
-            rowwise = _as_rows(target, data)
+            rowwise = as_rows(target, data)
             if rowwise is not None:
                 target, data = rowwise
             target[where] = data
@@ -92,23 +93,6 @@ class FieldBlock:
         out = np.empty((len(self.shapes),) + shape, dtype=self.dtype)
         self.scatter(out)
         return out
-
-
-def _as_rows(target: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """``target`` and ``data`` with their last axis viewed as one opaque item (``V{bytes}``), or None.
-
-    A padded copy's innermost rows are short (a graph's ``n`` floats): numpy's strided copy then
-    pays its inner-loop cost per few elements; as one item per row it copies whole rows (about 2x
-    faster for the causal ``int`` field). Same bytes either way; only where no cast is needed and
-    both last axes are contiguous.
-    """
-    if data.ndim < 2 or target.dtype != data.dtype or data.shape[-1] < 2:
-        return None
-    size = data.dtype.itemsize
-    if target.strides[-1] != size or data.strides[-1] != size:
-        return None
-    row = np.dtype((np.void, size * data.shape[-1]))
-    return target.view(row)[..., 0], data.view(row)[..., 0]
 
 
 @lru_cache(maxsize=64)
