@@ -154,15 +154,16 @@ def _gather_entries(shards: ShardSet, s: np.ndarray, local: np.ndarray, cols: li
     """Entries ``[block records, len(cols), 5 + nd]`` of the block (:func:`_shard_table`), one fancy index per shard touched."""
     entries = np.empty((len(s), len(cols), _SHAPE + nd), np.int64)
     key = tuple(cols)
-    if len(s) and (s == s[0]).all():
+    if not len(s):
+        return entries
+    if (s == s[0]).all():
         entries[...] = _shard_table(shards, int(s[0]), key, nd)[local]
         return entries
     order = np.argsort(s, kind="stable")
-    ss = s[order]
-    cuts = np.flatnonzero(np.diff(ss)) + 1
-    for rows in np.split(order, cuts):
-        if rows.size:
-            entries[rows] = _shard_table(shards, int(s[rows[0]]), key, nd)[local[rows]]
+    bounds = np.flatnonzero(np.diff(s[order])) + 1
+    for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)]):  # one slice per shard (np.split costs more)
+        rows = order[a:b]
+        entries[rows] = _shard_table(shards, int(s[rows[0]]), key, nd)[local[rows]]
     return entries
 
 
@@ -360,15 +361,15 @@ def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads
             if per_field[f] > _SEGMENT_RUNS and shards.manifest.schema(name).ndim == 1:
                 pick = np.flatnonzero(fr.fld == f)
                 out[name].segments = segments_of(fr.rec[pick], buf_id[pick], data_off[pick], fr.nbytes[pick], dtype, buffers)
+        blocks = [out[name] for name in arr_names]
         for a, b in runs:
-            name = arr_names[int(fr.fld[a])]
-            blk = out[name]
+            blk = blocks[fr.fld[a]]
             if blk.segments is not None:
                 continue
-            shape = fr.group_shape[int(fr.group[a])]
+            shape = fr.group_shape[fr.group[a]]
             stride = int(data_off[a + 1] - data_off[a]) if b - a > 1 else 0
-            dtype = np.dtype(shards.manifest.schema(name).dtype)
-            data = np.ndarray((b - a,) + shape, dtype=dtype, buffer=buffers[int(buf_id[a])], offset=int(data_off[a]), strides=(stride,) + _c_strides(shape, dtype.itemsize))
+            dtype = blk.dtype
+            data = np.ndarray((b - a,) + shape, dtype=dtype, buffer=buffers[buf_id[a]], offset=int(data_off[a]), strides=(stride,) + _c_strides(shape, dtype.itemsize))
             blk.runs.append((fr.rec[a:b], data))
     for name in json_names:
         out[name] = FieldBlock(name, None, np.zeros((len(ids), 0), np.int64), values=read_json_values(shards, ids, s, local, name))
