@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from cachebuild.format.manifest import FieldSchema, Manifest
 from cachebuild.format.names import JSON_DTYPE
@@ -19,7 +20,7 @@ from loaders.batch import Field, Layout
 from cachebuild.format.reader import ShardSet
 from loaders.plan import BatchItems
 
-__all__ = ["View", "check_mixing", "resolve_delta", "DELTA_MODES", "ShapesFn", "pad_mask", "copy_repeats", "field_layout", "array_fields", "require_fields"]
+__all__ = ["View", "check_mixing", "resolve_delta", "DELTA_MODES", "ShapesFn", "pad_mask", "copy_repeats", "subtract_into", "field_layout", "array_fields", "require_fields"]
 
 ShapesFn = Callable[[str], np.ndarray]
 """``field name -> int64 [records, ndim]`` shapes of that field for every record (index only)."""
@@ -130,6 +131,20 @@ def pad_mask(lengths: np.ndarray, size: int, out: np.ndarray | None = None) -> n
         out[...] = mask
         return out
     return mask
+
+
+def subtract_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out[...] = a - b`` (broadcast), the same IEEE result whichever kernel runs.
+
+    Torch's kernel where torch runs on this thread alone (a DataLoader worker sets one thread):
+    about 30% less CPU than numpy's for the graphs view's 6.5 MB ``delta`` (broadcast over the
+    interventions). numpy's elsewhere: in a main process torch would split the work over its
+    intra-op threads, which wait on cores busy with the workers.
+    """
+    if torch.get_num_threads() == 1:
+        torch.sub(torch.from_numpy(a), torch.from_numpy(b), out=torch.from_numpy(out))
+    else:
+        np.subtract(a, b, out=out)
 
 
 def copy_repeats(out: Mapping[str, np.ndarray], first: np.ndarray, inv: np.ndarray, keys: Sequence[str]) -> None:
