@@ -39,7 +39,7 @@ from cachebuild.format.reader import ShardSet
 from cachebuild.format.rows import as_rows
 from cachebuild.format.segments import Segments, segments_of
 from cachebuild.format.shared_frames import declared_ok, distinct_frames, gather_shared
-from cachebuild.format.zstd_output import OutputBuffer, packed_offsets
+from cachebuild.format.zstd_output import OutputBuffer, first_bad_frame, packed_offsets
 
 try:  # ISA-L's crc32: zlib's checksum, about 4x faster (raw caches check every member read); zlib is the fallback
     from isal.isal_zlib import crc32
@@ -274,7 +274,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
         out = dctx.multi_decompress_to_buffer(payloads, decompressed_sizes=sizes.tobytes(), threads=threads)
     except zstandard.ZstdError as exc:
         m = _ITEM_RE.search(str(exc))
-        i = int(m.group(1)) if m else _first_bad_frame(dctx, payloads)
+        i = int(m.group(1)) if m else first_bad_frame(dctx, payloads)
         raise _corrupt(shards, ids, names, fr, int(pick[i]), "zstd: " + _ITEM_RE.sub("frame", str(exc))) from exc  # the record is named; the block position is not news
     n = len(payloads)
     lens = sizes.astype(np.int64)  # zstd checked: each frame decoded to exactly its declared size
@@ -298,7 +298,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     stride_ok = np.ones(len(eoff), bool)
     stride_ok[1:] = (eoff[1:] == eoff[:-1] + elen[:-1]) & (elen[1:] == elen[:-1]) & ~shared[1:] & ~shared[:-1]
     if shared.any():
-        gather_shared(shared, fr.nbytes, buffers, buf_id, data_off, stride_ok, _ALIGN)
+        gather_shared(shared, fr.nbytes, buffers, buf_id, data_off, stride_ok)
     return buffers, buf_id, data_off, (out, stride_ok)
 
 
@@ -316,15 +316,6 @@ def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Fr
         what = "does not declare its size" if fcs[i] < 0 else f"declares {int(fcs[i])} bytes"
         raise _corrupt(shards, ids, names, fr, i, f"zstd frame {what}, the index allows {int(fr.lo[i])}..{int(fr.hi[i])} (corrupt or a decompression bomb)")
     return fcs.astype(np.uint64)
-
-
-def _first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Sequence[bytes | bytearray | memoryview]) -> int:
-    for i, p in enumerate(payloads):
-        try:
-            dctx.decompress(p)
-        except zstandard.ZstdError:
-            return i
-    return 0
 
 
 def _decode_raw(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, Any]:

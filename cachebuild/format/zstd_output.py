@@ -1,4 +1,4 @@
-"""Where zstd's ``multi_decompress_to_buffer`` put each member, and numpy views of its output buffers.
+"""Where zstd's ``multi_decompress_to_buffer`` put each member, numpy views of its output buffers, and which member it refused.
 
 Split from :mod:`cachebuild.format.decode` (the block decoder), which uses both
 to turn one batched decompression into strided numpy runs without a copy.
@@ -6,11 +6,12 @@ to turn one batched decompression into strided numpy runs without a copy.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
+import zstandard
 
-__all__ = ["OutputBuffer", "packed_offsets"]
+__all__ = ["OutputBuffer", "first_bad_frame", "packed_offsets"]
 
 
 class OutputBuffer:
@@ -53,3 +54,13 @@ def packed_offsets(out: Any, lens: np.ndarray) -> np.ndarray | None:
         offs[start:lo] = run[: lo - start]
         start = lo
     return offs
+
+
+def first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Sequence[bytes | bytearray | memoryview]) -> int:
+    """The first of ``payloads`` that zstd refuses on its own (where a batched call's error did not name the item); 0 if none."""
+    for i, p in enumerate(payloads):
+        try:
+            dctx.decompress(p)
+        except zstandard.ZstdError:
+            return i
+    return 0
