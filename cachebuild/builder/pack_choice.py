@@ -52,8 +52,8 @@ def choose_share(codec: Codec, out: Output | None) -> int:
     doc = _existing_codec(out) if out is not None else None
     if doc is None:
         return SHARE_BYTES
-    share = doc.get("share", 0)
-    return share if isinstance(share, int) and not isinstance(share, bool) and 0 <= share <= MAX_SHARE else 0
+    share = _whole(doc.get("share", 0), 0, MAX_SHARE)
+    return 0 if share is None else share
 
 
 def _existing_pack(out: Output) -> int | None:
@@ -62,8 +62,12 @@ def _existing_pack(out: Output) -> int | None:
     doc = _existing_codec(out)
     if doc is None:
         return None
-    pack = doc.get("pack", 1)  # a format-v1 manifest leaves its pack (1) out
-    return pack if isinstance(pack, int) and not isinstance(pack, bool) and 1 <= pack <= MAX_PACK else None
+    return _whole(doc.get("pack", 1), 1, MAX_PACK)  # a format-v1 manifest leaves its pack (1) out
+
+
+def _whole(value: Any, lo: int, hi: int) -> int | None:
+    """``value`` if it is a whole number (not a bool) from ``lo`` to ``hi``, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi else None
 
 
 def _existing_codec(out: Output) -> dict[str, Any] | None:

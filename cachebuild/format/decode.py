@@ -164,7 +164,7 @@ def _shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np
 
 
 def _gather_entries(shards: ShardSet, s: np.ndarray, local: np.ndarray, cols: list[int], nd: int) -> np.ndarray:
-    """Entries ``[block records, len(cols), 5 + nd]`` of the block (:func:`_shard_table`), one fancy index per shard touched."""
+    """Entries ``[block records, len(cols), 9 + nd]`` of the block (:func:`_shard_table`), one fancy index per shard touched."""
     entries = np.empty((len(s), len(cols), _SHAPE + nd), np.int64)
     key = tuple(cols)
     if not len(s):
@@ -256,7 +256,8 @@ def _corrupt(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, i
     return ShardCorruptError(f"{shards.where(int(ids[fr.rec[i]]), names[fr.fld[i]])}: {why}")
 
 
-def _payloads(shards: ShardSet, fr: _Frames, pick: np.ndarray) -> list[bytes | bytearray | memoryview]:
+def _payloads(shards: ShardSet, fr: _Frames, pick: np.ndarray | slice = slice(None)) -> list[bytes | bytearray | memoryview]:
+    """Zero-copy slices of the shards' mmaps: the frames ``pick`` (all by default), in order."""
     views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard[pick])}
     return [views[s][o : o + z] for s, o, z in zip(fr.shard[pick].tolist(), fr.offset[pick].tolist(), fr.size[pick].tolist())]
 
@@ -326,8 +327,7 @@ def _decode_raw(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames
     aligned for its dtype when the ``.npy`` headers are (64 bytes in every shard we write; fields are
     ordered widest dtype first); numpy reads a stranger's unaligned data all the same.
     """
-    views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard)}
-    payloads = [views[s][o:e] for s, o, e in zip(fr.shard.tolist(), fr.offset.tolist(), (fr.offset + fr.size).tolist())]
+    payloads = _payloads(shards, fr)
     if shards.verify == "crc":
         bad = np.flatnonzero(np.fromiter(map(crc32, payloads), np.int64, len(payloads)) != fr.crc)
         if bad.size:

@@ -305,16 +305,5 @@ def _record_major(columns: list[list[Any]]) -> list[Any]:
 
 
 def _compress(cctx: Any, pieces: list[Any], raw_len: np.ndarray) -> list[Any]:
-    """One zstd frame per member (``pieces``: prefix and body of each member in turn), batched where the binding can."""
-    if not pieces:
-        return []
-    batch = getattr(cctx, "multi_compress_to_buffer", None)
-    if batch is None:  # the cffi binding: one call per member
-        return [cctx.compress(b"".join(pieces[i : i + 2])) for i in range(0, len(pieces), 2)]
-    import zstandard
-
-    segments = np.empty((len(raw_len), 2), np.uint64)
-    segments[:, 1] = raw_len
-    segments[:, 0] = np.cumsum(raw_len) - raw_len
-    out = batch(zstandard.BufferWithSegments(b"".join(pieces), segments.tobytes()))
-    return [out[i] for i in range(len(raw_len))]
+    """One zstd frame per member (``pieces``: prefix and body of each member in turn, ``raw_len`` bytes each)."""
+    return _compress_joined(cctx, b"".join(pieces), raw_len) if pieces else []
