@@ -25,7 +25,11 @@ The first ``warmup`` steps (default 1) are left out of the summary, because
 the first batch also pays for worker start-up; its wait is reported apart as
 ``first_batch_s``. When the measured window is data-bound (``wait_fraction``
 above ``data_bound_threshold``) or the GPU averages under ``low_gpu_util``
-percent, the monitor warns once per epoch with concrete advice.
+percent, the monitor warns once per epoch with concrete advice. Mid-epoch (every
+50 steps) it warns data-bound only when the steps since the previous check are
+data-bound too, so a start-up transient (workers starting, the first pool's
+decode) that the epoch then absorbs warns at most at the epoch's end, if the
+epoch as a whole stayed over the threshold.
 """
 
 from __future__ import annotations
@@ -179,7 +183,11 @@ class StallMonitor:
             if self._bar is not None:
                 self._bar.set_postfix(self.postfix(), refresh=False)
             if ep.steps % _EVENT_EVERY == 0:
-                self._check(ep, None)
+                # Data-bound mid-epoch needs the epoch so far *and* the steps since the previous check over
+                # the threshold: a start-up transient (workers starting, the first pool's decode) keeps the
+                # epoch's fraction high for a while but not the next window. The epoch's end judges it whole.
+                previous, ep.check_mark = ep.check_mark, (now, ep.wait_s)
+                self._check(ep, None, None if previous is None else (ep.wait_s - previous[1]) / max(now - previous[0], 1e-12))
         ep.next_event = min(marks)
 
     def _window(self, ep: EpochCounters, now: float) -> tuple[str, dict[str, float]]:
@@ -346,13 +354,17 @@ class StallMonitor:
             util = late if len(late) else util
         return float(util.mean())
 
-    def _check(self, ep: EpochCounters, summary: StallSummary | None) -> None:
-        """Warn (once per epoch and kind) when data-bound or when the GPU idles; cheap unless it warns."""
+    def _check(self, ep: EpochCounters, summary: StallSummary | None, recent: float | None = None) -> None:
+        """Warn (once per epoch and kind) when data-bound or when the GPU idles; cheap unless it warns.
+
+        ``summary`` is the finished epoch's (None mid-epoch); ``recent`` the wait fraction since the previous
+        mid-epoch check (None at the first one, which therefore never warns data-bound)."""
         steps, _, frac = self._live()
         if steps < _MIN_STEPS_TO_WARN:
             return
         gpu = self._gpu_mean()
-        if frac > self.data_bound_threshold and DataBoundWarning not in ep.warned:
+        window_bound = summary is not None or (recent is not None and recent > self.data_bound_threshold)
+        if frac > self.data_bound_threshold and window_bound and DataBoundWarning not in ep.warned:
             self._warn(ep, DataBoundWarning, data_bound_advice(summary or self.summary(), self.data_bound_threshold))
         if gpu is not None and gpu < self.low_gpu_util and LowGpuUtilWarning not in ep.warned:
             self._warn(ep, LowGpuUtilWarning, low_gpu_advice(summary or self.summary(), self.low_gpu_util, gpu))

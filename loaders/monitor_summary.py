@@ -97,7 +97,7 @@ def batch_counter(batch_size: int | Callable[[Any], int] | None, samples_key: st
 class EpochCounters:
     """Running counters of one pass over the loader (slots: cheap per-step updates)."""
 
-    __slots__ = ("waits", "arrivals", "steps", "samples", "wait_s", "start", "end", "first_batch_s", "warned", "count", "next_event", "mark", "meter")
+    __slots__ = ("waits", "arrivals", "steps", "samples", "wait_s", "start", "end", "first_batch_s", "warned", "count", "next_event", "mark", "check_mark", "meter")
 
     def __init__(self) -> None:
         self.waits = array("d")
@@ -111,6 +111,7 @@ class EpochCounters:
         self.count: Callable[[Any], int] | None = None
         self.next_event = 1  # the first step resolves the batch-size counter
         self.mark: tuple[float, int, float, int] = (0.0, 0, 0.0, 0)  # (time, steps, wait_s, samples) at the last log line
+        self.check_mark: tuple[float, float] | None = None  # (time, wait_s) at the last mid-epoch check
         self.meter: Any = None  # GpuIdleMeter when CUDA is in use
 
 
