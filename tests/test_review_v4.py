@@ -169,3 +169,20 @@ def test_verify_names_a_bad_shared_frame_once(packed: dict[str, Path], tmp_path:
     assert f"{int(sharing[1]):010d}..{int(sharing[-1]):010d}" in faults[1], faults[1]
     assert f"error: 2 fault(s) in {root}" in out.stderr
     assert before == {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}  # verify changes nothing
+
+
+def test_each_help_names_only_flags_its_command_has() -> None:
+    """``cachebuild mel --help`` said "a rerun or --append: the cache's own" of ``--pack``, but ``mel``
+    has no ``--append`` (a mel recipe reads a fixed set of inputs: its append is refused)."""
+    import re
+
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    elsewhere = {"prune": {"--append"}}  # (prune's help says what it does to another command's unfinished append)
+    for name, cmd in main.commands.items():
+        text = CliRunner().invoke(main, [name, "--help"]).output
+        flags = {o for p in cmd.params for o in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]} | {"--help"}
+        named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
+        assert named - flags <= elsewhere.get(name, set()), (name, sorted(named - flags))
