@@ -186,3 +186,19 @@ def test_each_help_names_only_flags_its_command_has() -> None:
         flags = {o for p in cmd.params for o in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]} | {"--help"}
         named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
         assert named - flags <= elsewhere.get(name, set()), (name, sorted(named - flags))
+
+
+def test_the_ratio_counts_the_members_shards_hold(tmp_path: Path) -> None:
+    """A packed cache whose shards hold fewer records than ``pack`` (a small ``shard_mb``): ``inspect``
+    and the build summary said "one [member] per 4096 records and field" of members holding ~10."""
+    import json
+
+    root = tmp_path / "c"
+    build(FunctionSource.per_block(block, FIELDS), root, records=120, shard_mb=0.002, progress=False, backend="threading")
+    doc = json.loads((root / "manifest.json").read_text())
+    pack, counts = doc["codec"]["pack"], [s["records"] for s in doc["shards"]]
+    assert pack >= 256 and max(counts) < 20 and "share" in doc["codec"]
+    per = round(sum(counts) / len(counts))
+    r = _cli("inspect", str(root))
+    line = next(x for x in r.stdout.splitlines() if x.startswith("bytes"))
+    assert f"one per {per} records and field: shards hold fewer records than pack = {pack}, a larger --shard-mb packs more per member" in line, line

@@ -85,7 +85,7 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
         f"kind       {m.kind} (format v{m.version}, {m.created_by})",
         f"records    {m.records} in {len(m.shards)} shard{'' if len(m.shards) == 1 else 's'} (seed {m.seed})",
         f"codec      {m.codec.name}" + (f" level {m.codec.level}" if m.codec.name == "zstd" else "") + _pack_text(m),
-        f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, {ratio_text(raw / stored if stored else 0.0, m.codec.pack)}",
+        f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, {ratio_text(raw / stored if stored else 0.0, m.codec.pack, m.shards)}",
         *generation_lines(m, root),
     ]
     if m.config and m.kind == "mel" and isinstance(m.config.get("mel"), dict):
