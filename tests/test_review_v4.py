@@ -202,3 +202,17 @@ def test_the_ratio_counts_the_members_shards_hold(tmp_path: Path) -> None:
     r = _cli("inspect", str(root))
     line = next(x for x in r.stdout.splitlines() if x.startswith("bytes"))
     assert f"one per {per} records and field: shards hold fewer records than pack = {pack}, a larger --shard-mb packs more per member" in line, line
+
+
+def test_inspect_names_the_tar_key_of_a_pruned_caches_record(tmp_path: Path) -> None:
+    """``inspect --record N`` takes a position (the loader's ``record_id``); once a generation is pruned
+    the record's tar key starts later, and the line now says it (it read "record 0" of key 30)."""
+    root = tmp_path / "c"
+    src = FunctionSource.per_block(block, FIELDS)
+    build(src, root, records=30, shard_mb=0.01, progress=False, backend="threading")
+    build(src, root, records=20, shard_mb=0.01, progress=False, backend="threading", append=True, keep=1)
+    r = _cli("inspect", str(root), "--record", "3")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("record 3 "))
+    assert line.endswith(", tar key 0000000033):"), line
+    assert '"id": 33' in r.stdout  # (the record's own JSON: its id is its key)
