@@ -216,3 +216,22 @@ def test_inspect_names_the_tar_key_of_a_pruned_caches_record(tmp_path: Path) -> 
     line = next(x for x in r.stdout.splitlines() if x.startswith("record 3 "))
     assert line.endswith(", tar key 0000000033):"), line
     assert '"id": 33' in r.stdout  # (the record's own JSON: its id is its key)
+
+
+def test_bench_stages_read_and_decode_a_shared_frame_once(packed: dict[str, Path]) -> None:  # noqa: F811
+    """``cachebuild bench``'s ``read``/``decompress`` stages gathered and decoded a shared zstd frame once
+    per record (256 times for a batch of labels in one frame), where the loader decodes it once per block."""
+    import zstandard
+
+    from loaders.bench.stages import stored_payloads
+
+    root = packed["shared"]
+    sh = open_cache(root)
+    fields = ["seg", "label", "tokens"]
+    ids = np.arange(sh.manifest.records)
+    frames = {(s, int(o)) for s in range(len(sh.manifest.shards)) for j in (sh.field_pos[n] for n in fields) for o in sh.index(s)[:, j]["offset"]}
+    got = stored_payloads(sh, ids, fields)
+    assert len(got) == len(frames) < len(ids) * len(fields)
+    decoded = sum(len(zstandard.ZstdDecompressor().decompress(bytes(p))) for p in got)
+    data = sum(int(sh.index(s)[:, sh.field_pos[n]]["nbytes"].sum()) for s in range(len(sh.manifest.shards)) for n in fields)
+    assert data <= decoded < data + 4096 * len(frames)  # each record's data decoded once (plus member headers)
