@@ -235,3 +235,17 @@ def test_bench_stages_read_and_decode_a_shared_frame_once(packed: dict[str, Path
     decoded = sum(len(zstandard.ZstdDecompressor().decompress(bytes(p))) for p in got)
     data = sum(int(sh.index(s)[:, sh.field_pos[n]]["nbytes"].sum()) for s in range(len(sh.manifest.shards)) for n in fields)
     assert data <= decoded < data + 4096 * len(frames)  # each record's data decoded once (plus member headers)
+
+
+def test_a_share_that_cannot_apply_is_said(tmp_path: Path) -> None:
+    """``generate --set build.share=512`` writes one member per record and field (causal graphs are
+    over 8 KiB): nothing can share a frame, and the build said nothing of the setting it dropped."""
+    import json
+
+    r = _cli("generate", "--graphs", "20", "--out", str(tmp_path / "c"), "--set", "build.share=512", "-j", "1", "-q")
+    assert r.returncode == 0, r.stderr
+    assert "warning: build.share = 512: no effect, this cache stores 1 record per tar member (pack 1)" in r.stderr, r.stderr
+    assert json.loads((tmp_path / "c" / "manifest.json").read_text())["codec"] == {"name": "zstd", "level": 1}
+    r = _cli("generate", "--graphs", "20", "--out", str(tmp_path / "d"), "--pack", "4", "--set", "build.share=512", "-j", "1", "-q")
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    assert json.loads((tmp_path / "d" / "manifest.json").read_text())["codec"]["share"] == 512
