@@ -96,13 +96,13 @@ def ratio_text(ratio: float, pack: int = 1, shards: Sequence[ShardEntry] = ()) -
     """The compression ratio, saying why a cache can be larger than its data (tar framing, e.g. a raw
     cache); ``--pack`` is advised only to a cache of one record per member (``pack`` 1). ``shards``:
     the cache's, so that shards holding fewer records than ``pack`` (a small ``--shard-mb``; a group
-    never crosses a shard) are counted as the members they are, and said."""
+    never crosses a shard) are counted as the members they are, and said where there are several."""
     if ratio >= 0.9 or ratio == 0.0:  # (a raw packed cache stores ~0.98x: tar framing and the index)
         return f"ratio {ratio:.2f}x"
     groups = sum(-(-s.records // max(1, s.pack)) for s in shards)
     per = min(pack, round(sum(s.records for s in shards) / groups)) if groups else pack
     members = "--pack N lets N records share one" if pack == 1 else f"one per {per} records and field"
-    if pack > 1 and shards and max(s.records for s in shards) < pack:
+    if pack > 1 and len(shards) > 1 and max(s.records for s in shards) < pack:
         members += f": shards hold fewer records than pack = {pack}, a larger --shard-mb packs more per member"
     return f"ratio {ratio:.2f}x: tar headers and padding (about 1 KB per member; {members}) outweigh what compression saved, if any"
 
