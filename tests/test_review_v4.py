@@ -249,3 +249,29 @@ def test_a_share_that_cannot_apply_is_said(tmp_path: Path) -> None:
     r = _cli("generate", "--graphs", "20", "--out", str(tmp_path / "d"), "--pack", "4", "--set", "build.share=512", "-j", "1", "-q")
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
     assert json.loads((tmp_path / "d" / "manifest.json").read_text())["codec"]["share"] == 512
+
+
+def _xy(rng: np.random.Generator, index: int) -> dict:
+    return {"x": np.float32(index), "y": np.int16(index % 5), "z": np.int32(index), "w": np.uint8(index % 7)}
+
+
+def test_verify_stops_listing_at_max_faults(tmp_path: Path) -> None:
+    """A wholly corrupt shard (every frame's checksum flipped in shard 0) is listed up to ``MAX_FAULTS`` lines, as before
+    shared frames were grouped (the grouping must not run past the cap)."""
+    from cachebuild.tools.verify import MAX_FAULTS
+
+    root = tmp_path / "c"
+    build(FunctionSource.per_record(_xy, {"x": "float32", "y": "int16", "z": "int32", "w": "uint8"}), root, records=600, pack=1, progress=False, backend="threading")
+    sh = open_cache(root)
+    assert sh.manifest.shards[0].records * 4 > 1000  # (shard 0 alone holds more faulty members than the cap)
+    index = sh.shard(0).index.copy()
+    sh.close()
+    tar = root / sh.manifest.shards[0].name
+    data = bytearray(tar.read_bytes())
+    for e in index.reshape(-1):
+        data[int(e["offset"]) + int(e["size"]) - 1] ^= 0xFF  # the frame's content checksum
+    tar.write_bytes(bytes(data))
+    r = _cli("verify", "-q", str(root))
+    faults = [x for x in r.stderr.splitlines() if x.startswith("FAULT")]
+    assert r.returncode == 3 and len(faults) == MAX_FAULTS == 1000, len(faults)
+    assert "sha256 mismatch" in faults[0] and "record 0000000000, field 'x'" in faults[1]

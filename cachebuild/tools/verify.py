@@ -57,19 +57,26 @@ def _decode_shard(shards: ShardSet, s: int, report: VerifyReport, threads: int) 
         try:
             _decode(shards, np.arange(a, b), names, threads)
         except ShardCorruptError:
-            shared = _SharedFaults(shards, s, report)
-            for rid in range(a, b):
-                for name in names:
-                    try:
-                        _decode(shards, np.array([rid]), [name], 1)
-                    except ShardCorruptError as exc:
-                        shared.add(rid, name, str(exc))
-                        if len(report.faults) >= MAX_FAULTS:
-                            break
-            shared.close()
+            _decode_members(shards, s, a, b, report)
             if len(report.faults) >= MAX_FAULTS:
                 return
         report.records += b - a
+
+
+def _decode_members(shards: ShardSet, s: int, a: int, b: int, report: VerifyReport) -> None:
+    """Records ``[a, b)`` of shard ``s`` member by member, each fault to ``report`` (up to :data:`MAX_FAULTS`)."""
+    shared = _SharedFaults(shards, s, report)
+    try:
+        for rid in range(a, b):
+            for name in shards.manifest.field_names:
+                try:
+                    _decode(shards, np.array([rid]), [name], 1)
+                except ShardCorruptError as exc:
+                    shared.add(rid, name, str(exc))
+                    if len(report.faults) >= MAX_FAULTS:
+                        return
+    finally:
+        shared.close()
 
 
 class _SharedFaults:
