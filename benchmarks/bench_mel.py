@@ -339,7 +339,7 @@ def payload_ratio(cache: Path, field: str = "mel") -> float:
     for e in m.shards:
         idx = load_index(cache / e.index, len(m.fields))
         nbytes += int(idx[:, j]["nbytes"].sum())
-        size += int(idx[:, j]["size"].sum())
+        size += int(idx[np.unique(idx[:, j]["offset"], return_index=True)[1], j]["size"].sum())  # (entries sharing a zstd frame, format v4: its size once)
     return nbytes / size
 
 

@@ -174,7 +174,16 @@ class UnionFiles:
 
 class UnionShardSet(ShardSet):
     """The union's :class:`ShardSet`; its messages name a record by its key in its own cache
-    (``cache/shard-...tar, record 0000000005``), not by its union id."""
+    (``cache/shard-...tar, record 0000000005``), not by its union id, and each shard's index is
+    checked against its own cache's ``codec.share`` (``shares``, per union shard: caches of format
+    v1/v3, whose entries never share a frame, mix with v4 caches, and v4 caches of other bounds)."""
+
+    def __init__(self, manifest: Manifest, root: str, verify: str, locator: Locator, shares: np.ndarray):
+        super().__init__(manifest, root, verify, locator)
+        self.shares = shares
+
+    def share(self, s: int) -> int:
+        return int(self.shares[s])
 
     def where(self, record: int, field_name: str) -> str:
         s, local = self.locate(np.array([record]))
@@ -289,7 +298,8 @@ class OpenMixture:
         parts: list[Locator] = [RemoteFiles(r, m, self.remote) if is_remote(r) else LocalFiles(local_path(r), m) for r, m in zip(self.roots, self.manifests)]
         cache = np.repeat(np.arange(len(parts)), [len(m.shards) for m in self.manifests])
         local = np.concatenate([np.arange(len(m.shards)) for m in self.manifests]).astype(np.int64)
-        return UnionShardSet(self.manifest, self.label, verify, locator=UnionFiles(parts, cache, local, self.label))
+        shares = np.array([m.codec.share or 0 for m in self.manifests], np.int64)[cache]
+        return UnionShardSet(self.manifest, self.label, verify, UnionFiles(parts, cache, local, self.label), shares)
 
     def counts(self, epoch: int) -> np.ndarray:
         """Records of each cache in ``epoch``, int64 ``[caches]``."""

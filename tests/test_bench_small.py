@@ -117,3 +117,24 @@ def test_pack_values_the_code_does_not_accept_are_skipped(tmp_path, capsys):
     assert bench_small.build_config(many, ["tokens"], ["none"], 300, 64, tmp_path) == accepted
     if not accepted:
         assert not many.caches and "does not accept build.pack" in capsys.readouterr().out
+
+
+def test_the_decompression_limit_decodes_a_shared_frame_once(tmp_path) -> None:
+    """``peers.decompression_limit`` (bench_small's "limit" rows) took each record's entries, so a
+    format-v4 label frame shared by ~500 records was decoded ~500 times: the limit came out 1.38x
+    too low on 20,000 mel records. It now takes each zstd frame once, as the loader decodes it."""
+    import peers
+
+    root = tmp_path / "mel"
+    build(small_data.recipe("mel", 600, "zstd", shard_mb=0.5), root, workers=1, progress=False)
+    sh = open_cache(root)
+    assert sh.manifest.codec.share and sh.layout(0).shared.any()
+    frames, records, array_bytes = peers._payloads(root, 600)
+    distinct = {(s, j, int(o)) for s in range(len(sh.manifest.shards)) for j in range(len(sh.manifest.fields)) for o in sh.index(s)[:, j]["offset"]}
+    assert records == 600 and len(frames) == len(distinct) < 2 * 600
+    decoded = sum(len(zstandard.ZstdDecompressor().decompress(f)) for f in frames)
+    assert array_bytes <= decoded < array_bytes + 4096 * len(frames)
+    import bench_mel  # (its payload ratio summed a shared frame's size once per record: 0.015 for labels)
+
+    stored = sum(int(sh.index(s)[:, 1]["size"][np.unique(sh.index(s)[:, 1]["offset"], return_index=True)[1]].sum()) for s in range(len(sh.manifest.shards)))
+    assert sh.manifest.field_names[1] == "label" and bench_mel.payload_ratio(root, "label") == pytest.approx(2 * 600 / stored)

@@ -196,6 +196,7 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
         time.perf_counter() - t0,
         generation=generation,
         pack=opts.codec.pack,
+        entries=tuple(new),
         generations=tuple(g["generation"] for g in generation_table(committed)),
     )
 

@@ -92,12 +92,18 @@ def _n(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def ratio_text(ratio: float, pack: int = 1) -> str:
+def ratio_text(ratio: float, pack: int = 1, shards: Sequence[ShardEntry] = ()) -> str:
     """The compression ratio, saying why a cache can be larger than its data (tar framing, e.g. a raw
-    cache); ``--pack`` is advised only to a cache of one record per member (``pack`` 1)."""
+    cache); ``--pack`` is advised only to a cache of one record per member (``pack`` 1). ``shards``:
+    the cache's, so that shards holding fewer records than ``pack`` (a small ``--shard-mb``; a group
+    never crosses a shard) are counted as the members they are, and said where there are several."""
     if ratio >= 0.9 or ratio == 0.0:  # (a raw packed cache stores ~0.98x: tar framing and the index)
         return f"ratio {ratio:.2f}x"
-    members = "--pack N lets N records share one" if pack == 1 else f"one per {pack} records and field"
+    groups = sum(-(-s.records // max(1, s.pack)) for s in shards)
+    per = min(pack, round(sum(s.records for s in shards) / groups)) if groups else pack
+    members = "--pack N lets N records share one" if pack == 1 else f"one per {per} records and field"
+    if pack > 1 and len(shards) > 1 and max(s.records for s in shards) < pack:
+        members += f": shards hold fewer records than pack = {pack}, a larger --shard-mb packs more per member"
     return f"ratio {ratio:.2f}x: tar headers and padding (about 1 KB per member; {members}) outweigh what compression saved, if any"
 
 
@@ -117,6 +123,7 @@ class BuildSummary:
     generation: int | None = None  # an append: the generation it committed, and those the manifest lists
     generations: tuple[int, ...] = ()
     pack: int = 1  # records per tar member (for the ratio's explanation)
+    entries: tuple[ShardEntry, ...] = ()  # the shards summed up (the ratio's explanation counts their members)
     notes: tuple[str, ...] = ()  # closing remarks (an --overwrite build staged in the cache, not yet swapped in)
 
     @property
@@ -135,7 +142,7 @@ class BuildSummary:
             return [
                 f"appended generation {self.generation} to {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} "
                 f"({self.built} built, {self.skipped} already done); the manifest lists generations {listed}",
-                f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack)})",
+                f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack, self.entries)})",
                 f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s{built}",
             ]
         timing = f"time {self.seconds:.2f} s, {rate:,.0f} {unit}/s, {mbs:,.0f} MB/s raw{built}"
@@ -143,7 +150,7 @@ class BuildSummary:
             timing = f"time {self.seconds:.2f} s: every shard was already built, the manifest is written"
         return [
             f"built {self.out}: {self.records} {unit} in {_n(self.shards, 'shard')} ({self.built} built, {self.skipped} already done)",
-            f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack)})",
+            f"raw {self.raw_bytes / 1e6:.1f} MB -> stored {self.stored_bytes / 1e6:.1f} MB ({ratio_text(self.ratio, self.pack, self.entries)})",
             timing,
             *(f"note: {n}" for n in self.notes),
         ]
@@ -257,7 +264,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
         m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
         raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
         note = staged_note(out)
-        return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack, notes=(note,) if note else ())
+        return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack, entries=m.shards, notes=(note,) if note else ())
     notes: tuple[str, ...] = ()
     if state == "build":
         built, shards = _make(source, opts, out, plan, doc, fingerprint, unit)
@@ -271,7 +278,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
         swap_in(out)
         notes = (f"--overwrite: built in {target.location}, then swapped in for the cache of another recipe",)
     raw, stored = sum(s.raw_bytes for s in shards), sum(s.bytes for s in shards)
-    return BuildSummary(out.location, opts.records, len(plan), built, len(plan) - built, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack, notes=notes)
+    return BuildSummary(out.location, opts.records, len(plan), built, len(plan) - built, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack, entries=tuple(shards), notes=notes)
 
 
 def _make(source: RecordSource, opts: BuildOptions, out: Output, plan: list[ShardSpec], doc: dict[str, Any], fingerprint: str, unit: str) -> tuple[int, list[ShardEntry]]:

@@ -44,8 +44,13 @@ def choose_pack(asked: int, given: bool, record_bytes: int, out: Output | None) 
 
 
 def choose_share(codec: Codec, out: Output | None) -> int:
-    """The ``codec.share`` a fresh build (or its rerun) writes with, ``codec.pack`` chosen; see the module's docstring."""
+    """The ``codec.share`` a fresh build (or its rerun) writes with, ``codec.pack`` chosen; see the module's docstring.
+    A ``build.share`` asked for where the pack chosen is 1 (records of 8 KiB and more, or a rerun of a
+    pack-1 cache) has nothing to share: said in one warning line, as a ``pack`` lowered is."""
     if codec.name != "zstd" or codec.pack <= 1:
+        if codec.share:
+            msg = f"build.share = {codec.share}: no effect, this cache stores 1 record per tar member (pack 1), and only the entries of a packed member share frames (--pack N packs them)"
+            warnings.warn(msg, UserWarning, stacklevel=3)
         return 0
     if codec.share is not None:  # (asked for: build.share, share=, a Codec made in code)
         return codec.share

@@ -131,7 +131,7 @@ def generate_command(**o: Any) -> None:
     type=int,
     default=None,
     metavar="N",
-    help="Records per tar member (build.pack) [default: 1 (one member per file and field: plain WebDataset reads it) for records (a file's mel, label and any waveform) of 8 KiB and more, as the default 40x2x64 mel; 256 to 4096 for smaller ones (about 4 MB per member); a rerun or --append: the cache's own].",
+    help="Records per tar member (build.pack) [default: 1 (one member per file and field: plain WebDataset reads it) for records (a file's mel, label and any waveform) of 8 KiB and more, as the default 40x2x64 mel; 256 to 4096 for smaller ones (about 4 MB per member); a rerun: the cache's own].",
 )
 @click.option("--shard-mb", type=float, default=None, help="Target raw shard size in MB [default: 256].")
 @click.option("--h5-dataset", "h5_datasets", multiple=True, metavar="ROLE=NAME", help="Rename an HDF5 dataset: labels=..., mel=..., waveform=... (repeatable).")

@@ -44,7 +44,13 @@ def _generation_note(cache: Path) -> str:
 
 @click.command("inspect")
 @click.argument("cache", type=LOCAL_FOLDER)
-@click.option("--record", type=int, default=0, show_default=True, help="Which record to summarise.")
+@click.option(
+    "--record",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Which record to summarise: its position among the records the cache lists (the loader's record_id; a pruned cache's tar keys start later).",
+)
 @friendly
 def inspect_command(cache: Path, record: int) -> None:
     """Print counts, sizes, compression ratio, the recipe, field schemas and one record of CACHE."""

@@ -35,7 +35,7 @@ from cachebuild.errors import ManifestError, ShardCorruptError
 from cachebuild.format.index import load_index
 from cachebuild.format.index_check import check_index, check_member_keys
 from cachebuild.format.packing import tar_order
-from cachebuild.format.shared_frames import FrameLayout, frame_layout
+from cachebuild.format.shared_frames import FrameLayout, coincides, frame_layout
 from cachebuild.format.manifest import Manifest, ShardEntry, read_manifest
 from cachebuild.format.names import JSON_DTYPE, record_key
 
@@ -148,9 +148,10 @@ def check_shard_files(manifest: Manifest, root: str | Path) -> None:
             raise ShardCorruptError(_truncation_message(entry, len(manifest.fields), root / entry.name, size, root / entry.index))
 
 
-def load_checked_index(manifest: Manifest, entry: ShardEntry, idx_path: Path, tar_size: int | None = None) -> np.ndarray:
+def load_checked_index(manifest: Manifest, entry: ShardEntry, idx_path: Path, tar_size: int | None = None, share: int | None = None) -> np.ndarray:
     """Shard ``entry``'s index, checked: size and sha256 against the manifest, then every entry
-    against the field schemas (and the tar's size, when known) in one vectorised pass."""
+    against the field schemas (and the tar's size, when known) in one vectorised pass. ``share``: the
+    ``codec.share`` of the shard's own cache (default the manifest's; a mixture's caches may differ)."""
     try:
         size = idx_path.stat().st_size
         if entry.index_bytes and size != entry.index_bytes:
@@ -161,11 +162,14 @@ def load_checked_index(manifest: Manifest, entry: ShardEntry, idx_path: Path, ta
     if entry.index_sha256 and hashlib.sha256(idx_bytes).hexdigest() != entry.index_sha256:
         raise ShardCorruptError(f"index {idx_path}: checksum differs from the manifest's (corrupt or replaced)")
     index = load_index(idx_path, len(manifest.fields), entry.records)
+    share = (manifest.codec.share or 0) if share is None else share
     try:
-        check_index(index, manifest.fields, manifest.codec.name, entry.records, entry.name, entry.first_record, tar_size, entry.pack, manifest.codec.share or 0)
+        check_index(index, manifest.fields, manifest.codec.name, entry.records, entry.name, entry.first_record, tar_size, entry.pack, share)
     except ShardCorruptError as exc:
         if "out of order" not in str(exc):
             raise
+        if not share and coincides(index, entry.pack).any():  # entries that share zstd frames, read as a cache whose entries do not
+            raise ShardCorruptError(f"{exc}; or the manifest's codec.share (0 or absent) is not the cache's: its entries share zstd frames (format v4)") from exc
         # entries that do not follow each other are also what a wrong `pack` in the manifest reads as
         pos = next((i for i, e in enumerate(manifest.shards) if e.name == entry.name), "?")
         raise ShardCorruptError(f"{exc}; or the manifest's shards[{pos}].pack = {entry.pack} is not the shard's") from exc
@@ -198,8 +202,9 @@ class OpenShard:
         self.unmap()
 
 
-def open_shard(manifest: Manifest, entry: ShardEntry, path: Path, idx_path: Path) -> OpenShard:
-    """Open shard ``entry`` (tar ``path``, index ``idx_path``) with every open-time check (module docstring)."""
+def open_shard(manifest: Manifest, entry: ShardEntry, path: Path, idx_path: Path, share: int | None = None) -> OpenShard:
+    """Open shard ``entry`` (tar ``path``, index ``idx_path``) with every open-time check (module docstring);
+    ``share`` as in :func:`load_checked_index`."""
     try:
         fh = open(path, "rb")
     except FileNotFoundError as exc:
@@ -208,7 +213,7 @@ def open_shard(manifest: Manifest, entry: ShardEntry, path: Path, idx_path: Path
         size = fh.seek(0, 2)
         if size != entry.bytes:
             raise ShardCorruptError(_truncation_message(entry, len(manifest.fields), path, size, idx_path))
-        index = load_checked_index(manifest, entry, idx_path, size)
+        index = load_checked_index(manifest, entry, idx_path, size, share)
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
     sh = OpenShard(entry, path, mm, memoryview(mm) if mm is not None else memoryview(b""), index)
     if entry.records:  # cheap: a swapped or misplaced shard shows in its first and last keys
@@ -261,8 +266,13 @@ class ShardSet:
         sh = self._open.get(s)
         if sh is None:
             entry = self.manifest.shards[s]
-            sh = self._open[s] = self.locator.open(s, lambda path, idx_path: open_shard(self.manifest, entry, path, idx_path))
+            sh = self._open[s] = self.locator.open(s, lambda path, idx_path: open_shard(self.manifest, entry, path, idx_path, self.share(s)))
         return sh
+
+    def share(self, s: int) -> int:
+        """The ``codec.share`` shard ``s``'s index is checked against: the manifest's (a mixture's
+        union, whose caches may differ, gives each shard its own cache's)."""
+        return self.manifest.codec.share or 0
 
     def layout(self, s: int) -> FrameLayout:
         """Shard ``s``'s frame layout (which entries share a zstd frame, where each record's data ends in
@@ -282,7 +292,7 @@ class ShardSet:
         index = self._indexes.get(s)
         if index is None:
             entry = self.manifest.shards[s]
-            index = self._indexes[s] = self.locator.open_index(s, lambda idx_path: load_checked_index(self.manifest, entry, idx_path))
+            index = self._indexes[s] = self.locator.open_index(s, lambda idx_path: load_checked_index(self.manifest, entry, idx_path, share=self.share(s)))
         return index
 
     def release(self, shards: Iterable[int] | None = None) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from cachebuild.builder.builder import ratio_text
 from cachebuild.errors import ConfigError
 from cachebuild.format.manifest import Manifest, read_manifest
-from cachebuild.format.names import JSON_DTYPE
+from cachebuild.format.names import JSON_DTYPE, record_key
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.records import read_record
 
@@ -85,7 +85,7 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
         f"kind       {m.kind} (format v{m.version}, {m.created_by})",
         f"records    {m.records} in {len(m.shards)} shard{'' if len(m.shards) == 1 else 's'} (seed {m.seed})",
         f"codec      {m.codec.name}" + (f" level {m.codec.level}" if m.codec.name == "zstd" else "") + _pack_text(m),
-        f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, {ratio_text(raw / stored if stored else 0.0, m.codec.pack)}",
+        f"bytes      raw {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB, {ratio_text(raw / stored if stored else 0.0, m.codec.pack, m.shards)}",
         *generation_lines(m, root),
     ]
     if m.config and m.kind == "mel" and isinstance(m.config.get("mel"), dict):
@@ -108,6 +108,7 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
         with ShardSet(m, root) as shards:
             values = read_record(shards, record, strict=True)
         s = int(np.searchsorted(m.shard_starts(), record, side="right") - 1)
-        lines.append(f"record {record} (shard {m.shards[s].name}):")
+        key = m.shards[s].first_record + record - int(m.shard_starts()[s])
+        lines.append(f"record {record} (shard {m.shards[s].name}{'' if key == record else f', tar key {record_key(key)}'}):")
         lines += [f"  {name:<12} {describe_value(value)}" for name, value in values.items()]
     return lines

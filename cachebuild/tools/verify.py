@@ -19,7 +19,7 @@ import numpy as np
 from cachebuild.errors import CacheBuildError, ShardCorruptError
 from cachebuild.format.decode import read_block
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
-from cachebuild.format.names import JSON_DTYPE
+from cachebuild.format.names import JSON_DTYPE, record_key
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.records import check_headers, check_members, record_blocks
 
@@ -50,21 +50,62 @@ def _decode(shards: ShardSet, ids: np.ndarray, names: list[str], threads: int) -
 
 def _decode_shard(shards: ShardSet, s: int, report: VerifyReport, threads: int) -> None:
     """Every record of shard ``s``, a block at a time; a block that fails is decoded again member by
-    member, so every faulty member is listed (up to :data:`MAX_FAULTS`)."""
+    member, so every faulty member is listed (up to :data:`MAX_FAULTS`), and a fault of a zstd frame
+    that several records share (format v4) once, naming the others (:class:`_SharedFaults`)."""
     names = shards.manifest.field_names
     for a, b in record_blocks(shards, s):
         try:
             _decode(shards, np.arange(a, b), names, threads)
         except ShardCorruptError:
-            for rid in range(a, b):
-                for name in names:
-                    try:
-                        _decode(shards, np.array([rid]), [name], 1)
-                    except ShardCorruptError as exc:
-                        report.faults.append(str(exc))
-                        if len(report.faults) >= MAX_FAULTS:
-                            return
+            _decode_members(shards, s, a, b, report)
+            if len(report.faults) >= MAX_FAULTS:
+                return
         report.records += b - a
+
+
+def _decode_members(shards: ShardSet, s: int, a: int, b: int, report: VerifyReport) -> None:
+    """Records ``[a, b)`` of shard ``s`` member by member, each fault to ``report`` (up to :data:`MAX_FAULTS`)."""
+    shared = _SharedFaults(shards, s, report)
+    try:
+        for rid in range(a, b):
+            for name in shards.manifest.field_names:
+                try:
+                    _decode(shards, np.array([rid]), [name], 1)
+                except ShardCorruptError as exc:
+                    shared.add(rid, name, str(exc))
+                    if len(report.faults) >= MAX_FAULTS:
+                        return
+    finally:
+        shared.close()
+
+
+class _SharedFaults:
+    """Faults of one block of shard ``s``: a record whose entry shares a zstd frame with a record already
+    at fault, with the same fault, is counted on that record's line (``... (the zstd frame it shares
+    with records K..L: the same fault in all N)``) instead of a line of its own: one flipped byte in
+    a frame of 512 labels is one fault, not 512."""
+
+    def __init__(self, shards: ShardSet, s: int, report: VerifyReport):
+        self.shards, self.s, self.report = shards, s, report
+        self.seen: dict[tuple[str, int, str], list[int]] = {}  # (field, frame offset, fault text after the field) -> [line, first rid, last rid, count]
+
+    def add(self, rid: int, name: str, text: str) -> None:
+        local, j = rid - int(self.shards.starts[self.s]), self.shards.field_pos[name]
+        shared = self.shards.codec == "zstd" and bool(self.shards.layout(self.s).shared[local, j])
+        key = (name, int(self.shards.shard(self.s).index[local, j]["offset"]), text.split(f"field '{name}': ", 1)[-1])
+        hit = self.seen.get(key) if shared else None
+        if hit is not None:
+            hit[2:] = [rid, hit[3] + 1]
+            return
+        if shared:
+            self.seen[key] = [len(self.report.faults), rid, rid, 1]
+        self.report.faults.append(text)
+
+    def close(self) -> None:
+        first = int(self.shards.manifest.shards[self.s].first_record) - int(self.shards.starts[self.s])
+        for line, a, b, count in self.seen.values():
+            if count > 1:
+                self.report.faults[line] += f" (the zstd frame it shares with records {record_key(first + a + 1)}..{record_key(first + b)}: the same fault in all {count})"
 
 
 Extent = dict[int, tuple[np.ndarray, np.ndarray]]

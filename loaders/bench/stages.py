@@ -50,13 +50,16 @@ def decoded_bytes_per_record(stream: ShardStream, fields: list[str]) -> float:
 
 
 def stored_payloads(shards: ShardSet, ids: np.ndarray, fields: list[str]) -> list[bytes | bytearray | memoryview]:
-    """The stored (compressed) payload bytes of ``fields`` of records ``ids``, copied out of the shard mmaps."""
+    """The stored (compressed) payload bytes of ``fields`` of records ``ids``, copied out of the shard mmaps:
+    each distinct payload once (entries sharing a zstd frame, format v4, name it once, and the decoder
+    decodes it once per block)."""
     s, local = shards.locate(np.asarray(ids, dtype=np.int64))
     cols = [shards.field_pos[n] for n in fields]
     out: list[bytes | bytearray | memoryview] = []
     for shard in np.unique(s).tolist():
         rows = local[s == shard]
         entries = shards.index(shard)[rows][:, cols].reshape(-1)
+        entries = entries[np.unique(entries["offset"], return_index=True)[1]]  # (a shard's payloads never overlap: one offset, one payload)
         view = shards.shard(shard).view
         out += [bytes(view[o : o + z]) for o, z in zip(entries["offset"].tolist(), entries["size"].tolist())]
     return out
