@@ -275,3 +275,21 @@ def test_verify_stops_listing_at_max_faults(tmp_path: Path) -> None:
     faults = [x for x in r.stderr.splitlines() if x.startswith("FAULT")]
     assert r.returncode == 3 and len(faults) == MAX_FAULTS == 1000, len(faults)
     assert "sha256 mismatch" in faults[0] and "record 0000000000, field 'x'" in faults[1]
+
+
+def test_inspect_says_when_members_hold_fewer_records_than_the_pack(tmp_path: Path) -> None:
+    """A pack of 4096 on shards of a few records: ``inspect``'s codec line said "4096 records per member"
+    of members that hold 5; it now says what the members hold (and says nothing more when they are full)."""
+    from cachebuild.tools.inspect import inspect_cache
+
+    small = tmp_path / "small"
+    build(FunctionSource.per_block(block, FIELDS), small, records=30, pack=4096, progress=False, shard_mb=0.01, backend="threading")
+    shards = open_cache(small).manifest.shards
+    held = max(min(s.pack, s.records) for s in shards)
+    assert len(shards) > 1 and held < 4096
+    codec = next(line for line in inspect_cache(small, 0) if line.startswith("codec"))
+    assert f"4096 records per member (members here hold at most {held}: the shards are smaller)" in codec
+    full = tmp_path / "full"
+    build(FunctionSource.per_block(block, FIELDS), full, records=30, pack=3, progress=False, shard_mb=0.01, backend="threading")
+    codec = next(line for line in inspect_cache(full, 0) if line.startswith("codec"))
+    assert "3 records per member" in codec and "hold at most" not in codec

@@ -71,7 +71,9 @@ def _pack_text(m: Manifest) -> str:
     if not packs:
         return ""
     share = f", small entries share frames of up to {m.codec.share} bytes" if m.codec.share else ""
-    return f", {'/'.join(map(str, packs))} record{'s' if packs != [1] else ''} per member{share}"
+    held = max(min(s.pack, s.records) for s in m.shards)  # a shard smaller than its pack is one shorter member per field
+    fewer = f" (members here hold at most {held}: the shards are smaller)" if held < packs[-1] else ""
+    return f", {'/'.join(map(str, packs))} record{'s' if packs != [1] else ''} per member{fewer}{share}"
 
 
 def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
