@@ -21,6 +21,7 @@ import numpy as np
 
 from cachebuild.builder.backends import BACKENDS, run_jobs
 from cachebuild.builder.cluster_check import check_cluster
+from cachebuild.builder.collector import fewer_collections
 from cachebuild.builder.checked import block_records_of, check_schema, fill_shard, probe_source
 from cachebuild.builder.determinism import build_environment, source_determinism
 from cachebuild.builder.lock import build_lock
@@ -197,7 +198,8 @@ def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, 
         tune_malloc()  # a build worker process, not the caller's
     writer = ShardWriter(out.staging(), spec.name, source.fields(), codec, first_record=spec.start)
     try:
-        fill_shard(writer, source, seed, spec)
+        with fewer_collections():
+            fill_shard(writer, source, seed, spec)
         shard = writer.close(sync=sync)
     except BaseException:
         writer.abort()
