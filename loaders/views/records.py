@@ -104,7 +104,8 @@ class RecordsView(View):
 
     def layout(self) -> Layout:
         B = self.batch_size
-        keys: dict[str, Field] = {f.name: field_layout(f, B) for f in self.schemas}
+        # (a field of one shape is written whole, every row: no fill first; a varying one is zero-padded)
+        keys: dict[str, Field] = {f.name: field_layout(f, B) if f.varying_axes else Field((B,) + tuple(f.max_shape), f.dtype) for f in self.schemas}
 
         def add(key: str, spec: Field, of: str = "") -> None:
             if key in keys:  # a user's field named record_id, or x_shape next to a varying x
