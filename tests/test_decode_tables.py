@@ -40,7 +40,15 @@ def _padded(shards: ShardSet, ids: np.ndarray, name: str) -> np.ndarray:
     return out
 
 
-def test_frame_headers_are_parsed_once_per_open_shard(toy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(params=["whole", "per_shard"])
+def table_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """One table for the whole cache, or (a cache over WHOLE_TABLE_BYTES) one per shard."""
+    if request.param == "per_shard":
+        monkeypatch.setattr(entries, "WHOLE_TABLE_BYTES", 0)
+    return str(request.param)
+
+
+def test_frame_headers_are_parsed_once_per_open_shard(toy: Path, monkeypatch: pytest.MonkeyPatch, table_kind: str) -> None:
     calls: list[int] = []
     real = entries.frame_headers
 
@@ -63,9 +71,11 @@ def test_frame_headers_are_parsed_once_per_open_shard(toy: Path, monkeypatch: py
         shards.release([0])
         read_block(shards, ids[:3], fields)
         assert len(calls) == shard_count + 1  # a reopened shard builds its table again
+        (table,) = shards.__dict__["_entry_tables"].values()
+        assert (table.rows is None) == (table_kind == "per_shard")
 
 
-def test_blocks_in_any_order_decode_the_same_records(toy: Path) -> None:
+def test_blocks_in_any_order_decode_the_same_records(toy: Path, table_kind: str) -> None:
     with open_cache(toy) as shards:
         ids = np.arange(shards.manifest.records)
         perm = np.random.default_rng(1).permutation(ids)

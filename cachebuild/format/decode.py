@@ -15,7 +15,11 @@ the manifest says its dtype. For a block of record ids:
 Frames are ordered by (field, shape), so records of one shape sit at a uniform
 stride and each such run becomes one strided numpy view: padding into a batch
 is one array assignment per run (:meth:`FieldBlock.scatter`), not one per
-record. Faults raise :class:`ShardCorruptError` naming the shard, record and
+record. A 1-d field of many lengths (ragged token sequences: hundreds of
+one-record runs) is kept as :class:`~cachebuild.format.segments.Segments`
+instead, read where zstd left it (shared frames included, no staging copy) and
+written into a batch with one gather. The index entries of a block come from one
+table of the whole cache (:mod:`cachebuild.format.entries`). Faults raise :class:`ShardCorruptError` naming the shard, record and
 field. (:class:`ShardSet`, the open shards, lives in :mod:`cachebuild.format.reader`;
 whole records and the strict checks of `verify` are in :mod:`cachebuild.format.records`.)
 """
@@ -220,7 +224,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
 def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> np.ndarray:
     """Each frame's declared decoded size, refused unless it is the index's array data plus a small
     ``.npy`` header: nothing is allocated for a frame that claims more (a decompression bomb)."""
-    fcs = fr.fcs  # parsed from the frame headers once per shard (_shard_table)
+    fcs = fr.fcs  # parsed from the frame headers once per open shard (cachebuild.format.entries)
     if (fcs == -2).any():
         i = int(np.flatnonzero(fcs == -2)[0])
         raise _corrupt(shards, ids, names, fr, i, "not a zstd frame (bad frame header)")
@@ -281,7 +285,7 @@ def _array_blocks(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.nd
     :class:`Segments` (read where zstd left it), the others as strided runs of one shape."""
     nd = max(shards.manifest.schema(n).ndim for n in names)
     ndim, itemsize = field_meta(shards, tuple(names))[:2]
-    entries = block_entries(shards, ids, s, [shards.field_pos[n] for n in names], nd)
+    entries = block_entries(shards, ids, s, local, [shards.field_pos[n] for n in names], nd)
     fr, shapes, groups = _plan_frames(shards, s, local, names, entries)
     ragged = (ndim == 1) & (groups > _SEGMENT_RUNS)  # (a field whose runs turn out many below becomes Segments too)
     if shards.codec == "zstd":

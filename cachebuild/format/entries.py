@@ -7,7 +7,8 @@ a shard are filled the first time a block reads it, from its checked index and (
 headers, parsed once per open shard (:func:`shard_table`), and refilled when the shard was closed
 and opened again (a remote cache's shards come and go). Memory: ``8 * (9 + nd)`` bytes per record
 and field read, for the shards read so far (the table is reserved whole, its pages fill as shards
-are read), next to the index's 56 per record and field.
+are read; a cache whose table would pass :data:`WHOLE_TABLE_BYTES` keeps one per shard instead), next
+to the index's 56 per record and field.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from cachebuild.format.index_check import frame_headers, parse_frame_headers
 if TYPE_CHECKING:
     from cachebuild.format.reader import ShardSet
 
-__all__ = ["OFF", "SIZE", "NBYTES", "CRC", "FCS", "TAIL", "LO", "HI", "SHR", "SHAPE", "block_entries", "shard_table", "field_meta"]
+__all__ = ["OFF", "SIZE", "NBYTES", "CRC", "FCS", "TAIL", "LO", "HI", "SHR", "SHAPE", "WHOLE_TABLE_BYTES", "block_entries", "shard_table", "field_meta"]
 
 OFF, SIZE, NBYTES, CRC, FCS, TAIL, LO, HI, SHR, SHAPE = range(10)  # columns of an entry table; the shape's dims follow
 
@@ -50,18 +51,26 @@ def shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np.
     return table
 
 
+WHOLE_TABLE_BYTES = 256 << 20
+"""A cache whose entry table would be larger keeps one table per shard (a block gathers shard by shard):
+a table reserved whole for a huge cache could be refused by the kernel's overcommit check."""
+
+
 class _CacheTable:
-    """The entry table of a whole cache for one field list; ``version[s]``: the shard set's
-    :attr:`~cachebuild.format.reader.ShardSet.opens` count of shard ``s`` when its rows were filled
-    (-1: not filled)."""
+    """The entry table of a whole cache for one field list (``rows``), or of each shard read (``parts``,
+    for caches over :data:`WHOLE_TABLE_BYTES`); ``version[s]``: the shard set's
+    :attr:`~cachebuild.format.reader.ShardSet.opens` count of shard ``s`` when it was filled (-1: not yet)."""
 
     def __init__(self, records: int, nf: int, nd: int, shards: int):
-        self.rows = np.empty((records, nf, SHAPE + nd), np.int64)
+        whole = records * nf * (SHAPE + nd) * 8 <= WHOLE_TABLE_BYTES
+        self.rows = np.empty((records, nf, SHAPE + nd), np.int64) if whole else None
+        self.parts: dict[int, np.ndarray] = {}
         self.version = np.full(shards, -1, np.int64)
 
 
-def block_entries(shards: ShardSet, ids: np.ndarray, s: np.ndarray, cols: list[int], nd: int) -> np.ndarray:
-    """Entries ``[block records, len(cols), 9 + nd]`` of records ``ids`` (in shards ``s``): one fancy index.
+def block_entries(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, cols: list[int], nd: int) -> np.ndarray:
+    """Entries ``[block records, len(cols), 9 + nd]`` of records ``ids`` (shard ``s``, record ``local`` in
+    it): one fancy index (for a cache over :data:`WHOLE_TABLE_BYTES`, one per shard touched).
 
     A shard the block touches that is not filled yet, or was closed or opened again since it was
     filled (its open count moved), has its rows (re)filled first: one comparison finds them."""
@@ -74,10 +83,26 @@ def block_entries(shards: ShardSet, ids: np.ndarray, s: np.ndarray, cols: list[i
     if stale.any():
         for t in np.unique(s[stale]).tolist():
             shards.shard(t)  # (opens it: the count moves first)
-            ct.rows[shards.starts[t] : shards.starts[t + 1]] = shard_table(shards, t, key[0], nd)
+            if ct.rows is not None:
+                ct.rows[shards.starts[t] : shards.starts[t + 1]] = shard_table(shards, t, key[0], nd)
+            else:
+                ct.parts[t] = shard_table(shards, t, key[0], nd)
             ct.version[t] = shards.opens[t]
-    rows: np.ndarray = ct.rows[ids]
-    return rows
+    if ct.rows is not None:
+        rows: np.ndarray = ct.rows[ids]
+        return rows
+    return _by_shard(ct.parts, s, local, len(cols), nd)
+
+
+def _by_shard(parts: dict[int, np.ndarray], s: np.ndarray, local: np.ndarray, nf: int, nd: int) -> np.ndarray:
+    """Entries of the block gathered from per-shard tables, one fancy index per shard touched."""
+    entries = np.empty((len(s), nf, SHAPE + nd), np.int64)
+    order = np.argsort(s, kind="stable")
+    bounds = np.flatnonzero(np.diff(s[order])) + 1
+    for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)]):
+        rows = order[a:b]
+        entries[rows] = parts[int(s[rows[0]])][local[rows]]
+    return entries
 
 
 def field_meta(shards: ShardSet, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
