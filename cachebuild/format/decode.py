@@ -167,8 +167,9 @@ def _corrupt(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, i
 
 def _payloads(shards: ShardSet, fr: _Frames, pick: np.ndarray | slice = slice(None)) -> list[bytes | bytearray | memoryview]:
     """Zero-copy slices of the shards' mmaps: the frames ``pick`` (all by default), in order."""
-    views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard[pick])}
-    return [views[s][o : o + z] for s, o, z in zip(fr.shard[pick].tolist(), fr.offset[pick].tolist(), fr.size[pick].tolist())]
+    where = fr.shard[pick].tolist()
+    views = {s: shards.shard(s).view for s in set(where)}
+    return [views[s][o : o + z] for s, o, z in zip(where, fr.offset[pick].tolist(), fr.size[pick].tolist())]
 
 
 def _decompressor() -> Any:
