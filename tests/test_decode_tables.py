@@ -2,7 +2,7 @@
 
 ``read_block`` keeps, per open shard and list of fields, one integer table of
 the index entries with each zstd frame's declared size parsed from its header
-(``cachebuild.format.decode._shard_table``). These tests check that the
+(``cachebuild.format.entries``). These tests check that the
 headers are parsed once per open shard (again after a release), that blocks in
 any order decode the same records, and that a bad frame is still reported for
 the block that reads it, naming its record, while the rest of its shard reads.
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from cachebuild.errors import ShardCorruptError
-from cachebuild.format import decode
+from cachebuild.format import entries
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet, open_cache
 from conftest import build_toy
@@ -40,15 +40,23 @@ def _padded(shards: ShardSet, ids: np.ndarray, name: str) -> np.ndarray:
     return out
 
 
-def test_frame_headers_are_parsed_once_per_open_shard(toy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(params=["whole", "per_shard"])
+def table_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """One table for the whole cache, or (a cache over WHOLE_TABLE_BYTES) one per shard."""
+    if request.param == "per_shard":
+        monkeypatch.setattr(entries, "WHOLE_TABLE_BYTES", 0)
+    return str(request.param)
+
+
+def test_frame_headers_are_parsed_once_per_open_shard(toy: Path, monkeypatch: pytest.MonkeyPatch, table_kind: str) -> None:
     calls: list[int] = []
-    real = decode.frame_headers
+    real = entries.frame_headers
 
     def counting(tar: np.ndarray, offset: np.ndarray) -> np.ndarray:
         calls.append(len(offset))
         return real(tar, offset)
 
-    monkeypatch.setattr(decode, "frame_headers", counting)
+    monkeypatch.setattr(entries, "frame_headers", counting)
     with open_cache(toy) as shards:
         fields = _array_fields(shards)
         shard_count = len(shards.manifest.shards)
@@ -63,9 +71,11 @@ def test_frame_headers_are_parsed_once_per_open_shard(toy: Path, monkeypatch: py
         shards.release([0])
         read_block(shards, ids[:3], fields)
         assert len(calls) == shard_count + 1  # a reopened shard builds its table again
+        (table,) = shards.__dict__["_entry_tables"].values()
+        assert (table.rows is None) == (table_kind == "per_shard")
 
 
-def test_blocks_in_any_order_decode_the_same_records(toy: Path) -> None:
+def test_blocks_in_any_order_decode_the_same_records(toy: Path, table_kind: str) -> None:
     with open_cache(toy) as shards:
         ids = np.arange(shards.manifest.records)
         perm = np.random.default_rng(1).permutation(ids)

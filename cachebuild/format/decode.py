@@ -15,7 +15,11 @@ the manifest says its dtype. For a block of record ids:
 Frames are ordered by (field, shape), so records of one shape sit at a uniform
 stride and each such run becomes one strided numpy view: padding into a batch
 is one array assignment per run (:meth:`FieldBlock.scatter`), not one per
-record. Faults raise :class:`ShardCorruptError` naming the shard, record and
+record. A 1-d field of many lengths (ragged token sequences: hundreds of
+one-record runs) is kept as :class:`~cachebuild.format.segments.Segments`
+instead, read where zstd left it (shared frames included, no staging copy) and
+written into a batch with one gather. The index entries of a block come from one
+table of the whole cache (:mod:`cachebuild.format.entries`). Faults raise :class:`ShardCorruptError` naming the shard, record and
 field. (:class:`ShardSet`, the open shards, lives in :mod:`cachebuild.format.reader`;
 whole records and the strict checks of `verify` are in :mod:`cachebuild.format.records`.)
 """
@@ -23,6 +27,7 @@ whole records and the strict checks of `verify` are in :mod:`cachebuild.format.r
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
@@ -31,8 +36,7 @@ import numpy as np
 import zstandard
 
 from cachebuild.errors import ShardCorruptError
-from cachebuild.format.index import MAX_NDIM
-from cachebuild.format.index_check import frame_headers, parse_frame_headers
+from cachebuild.format.entries import CRC, FCS, HI, LO, NBYTES, OFF, SHAPE, SHR, SIZE, TAIL, block_entries, field_meta
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.json_values import read_json_values
 from cachebuild.format.reader import ShardSet
@@ -49,6 +53,7 @@ except ImportError:  # pragma: no cover
 __all__ = ["FieldBlock", "read_block"]
 
 _SEGMENT_RUNS = 16
+_LOCAL = threading.local()
 """A 1-d field whose block splits into more runs than this (many lengths) is scattered with one gather, not run by run."""
 _ITEM_RE = re.compile(r"item (\d+)")
 _THREADED_MIN_BYTES = 2 << 20
@@ -125,99 +130,20 @@ class _Frames:
     lo: np.ndarray  # the decoded size the frame may declare, at least
     hi: np.ndarray  # and at most
     shared: np.ndarray  # the frame holds other entries too (bit 0; bit 1: its declared size is lo + a multiple of 64)
-    group_shape: list[tuple[int, ...]]
+    shape: np.ndarray  # [frames, nd] the entry's shape (unused dims 1)
 
 
-_OFF, _SIZE, _NBYTES, _CRC, _FCS, _TAIL, _LO, _HI, _SHR, _SHAPE = range(10)  # columns of an entry table; the shape's dims follow
-
-
-def _shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np.ndarray:
-    """Shard ``s``'s index entries of fields ``cols`` as one int64 array ``[records, len(cols), 9 + nd]``:
-    offset, size, nbytes, crc32, declared decoded size, the frame layout's tail, lo, hi and shared
-    (:class:`~cachebuild.format.shared_frames.FrameLayout`), then the first ``nd`` dims of the shape.
-
-    Built once per open shard and field list, and kept with the shard: a block then gathers each
-    record's entries in one fancy index, and the zstd frames' declared sizes (read from their headers)
-    are parsed once per shard instead of once per block (``-1`` for raw payloads). Memory: ``8 * (9 + nd)``
-    bytes per record and field read, next to the index's 56 per record and field.
-    """
-    sh = shards.shard(s)
-    tables: dict[tuple[int, ...], np.ndarray] = sh.__dict__.setdefault("_decode_tables", {})
-    table = tables.get(cols)
-    if table is None:
-        idx = sh.index[:, list(cols)]
-        table = np.empty(idx.shape + (_SHAPE + nd,), np.int64)
-        for c, key in ((_OFF, "offset"), (_SIZE, "size"), (_NBYTES, "nbytes"), (_CRC, "crc32")):
-            table[..., c] = idx[key]
-        table[..., _SHAPE:] = idx["shape"][..., :nd]
-        table[..., _FCS] = -1
-        table[..., _TAIL], table[..., _SHR] = 0, 0
-        table[..., _LO] = table[..., _HI] = table[..., _NBYTES]
-        if shards.codec == "zstd" and idx.size:
-            hdr = frame_headers(np.frombuffer(sh.view, np.uint8), table[..., _OFF].reshape(-1))
-            table[..., _FCS] = parse_frame_headers(hdr, table[..., _SIZE].reshape(-1)).reshape(idx.shape)
-            layout = shards.layout(s)
-            for c, arr in ((_TAIL, layout.tail), (_LO, layout.lo), (_HI, layout.hi), (_SHR, layout.shared + 2 * layout.aligned)):
-                table[..., c] = arr[:, list(cols)]
-        table = tables[cols] = table
-    return table
-
-
-def _gather_entries(shards: ShardSet, s: np.ndarray, local: np.ndarray, cols: list[int], nd: int) -> np.ndarray:
-    """Entries ``[block records, len(cols), 9 + nd]`` of the block (:func:`_shard_table`), one fancy index per shard touched."""
-    entries = np.empty((len(s), len(cols), _SHAPE + nd), np.int64)
-    key = tuple(cols)
-    if not len(s):
-        return entries
-    if (s == s[0]).all():
-        entries[...] = _shard_table(shards, int(s[0]), key, nd)[local]
-        return entries
-    order = np.argsort(s, kind="stable")
-    bounds = np.flatnonzero(np.diff(s[order])) + 1
-    for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), len(order)]):  # one slice per shard (np.split costs more)
-        rows = order[a:b]
-        entries[rows] = _shard_table(shards, int(s[rows[0]]), key, nd)[local[rows]]
-    return entries
-
-
-def _field_meta(shards: "ShardSet", names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
-    """Per requested field: ndim, itemsize, max shape (padded with 1 to MAX_NDIM), radix multipliers; radix fits int64."""
-    hit = shards.meta_cache.get(names)
-    if hit is not None:
-        return hit
-    manifest = shards.manifest
-    nf = len(names)
-    ndim = np.zeros(nf, np.int64)
-    itemsize = np.zeros(nf, np.int64)
-    max_shape = np.ones((nf, MAX_NDIM), np.int64)
-    mult = np.zeros((nf, MAX_NDIM), np.int64)
-    fits = True
-    for f, name in enumerate(names):
-        schema = manifest.schema(name)
-        ndim[f], itemsize[f] = schema.ndim, np.dtype(schema.dtype).itemsize
-        max_shape[f, : schema.ndim] = schema.max_shape
-        acc = 1
-        for d in reversed(range(schema.ndim)):
-            mult[f, d] = acc
-            acc *= int(schema.max_shape[d]) + 1
-        fits &= acc < 2**40
-    out = shards.meta_cache[names] = (ndim, itemsize, max_shape, mult, bool(fits))
-    return out
-
-
-def _plan_frames(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, names: list[str], entries: np.ndarray) -> tuple[_Frames, list[np.ndarray]]:
-    """Order the frames by (field, shape) (all fields at once)."""
+def _plan_frames(shards: ShardSet, s: np.ndarray, local: np.ndarray, names: list[str], entries: np.ndarray) -> tuple[_Frames, list[np.ndarray], np.ndarray]:
+    """Order the frames by (field, shape) (all fields at once); also the (field, shape) groups per field."""
     m, nf = entries.shape[:2]
-    ndim, _, _, mult, fits = _field_meta(shards, tuple(names))
-    nd = entries.shape[2] - _SHAPE
-    shape = entries[..., _SHAPE:]  # [m, nf, nd], unused dims are 1
-    used = np.arange(nd)[None, :] < ndim[:, None]  # [nf, nd]
-    shape_used = np.where(used, shape, 1)
+    ndim, _, _, mult, fits = field_meta(shards, tuple(names))
+    nd = entries.shape[2] - SHAPE
+    shape = entries[..., SHAPE:]  # [m, nf, nd], unused dims are 1
     # Every entry was checked against the schemas and the tar when its shard was opened
     # (cachebuild.format.index_check), so shapes, lengths and offsets are trusted here.
     all_shapes = [shape[:, f, : ndim[f]] for f in range(nf)]
     if fits:
-        keys = np.einsum("mfd,fd->fm", shape_used, mult[:, :nd])  # [nf, m], equal iff shapes equal
+        keys = np.einsum("mfd,fd->fm", shape, mult[:, :nd])  # [nf, m], equal iff shapes equal (unused dims are 1, their multiplier 0)
     else:
         keys = np.stack([np.unique(all_shapes[f], axis=0, return_inverse=True)[1].reshape(-1) for f in range(nf)])
     # Frame t = (field t // m, block row t % m); sort by (field, shape), stable in block order.
@@ -229,27 +155,10 @@ def _plan_frames(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.nda
     new_group[1:] = sk[1:] != sk[:-1]
     group = np.cumsum(new_group) - 1
     fld, rec = np.divmod(order, m) if m else (order, order)
-    starts = np.flatnonzero(new_group)
-    group_shape = [tuple(row[: ndim[f]]) for f, row in zip(fld[starts].tolist(), shape[rec[starts], fld[starts]].tolist())]
-    flat = entries.transpose(1, 0, 2).reshape(-1, _SHAPE + nd)[order]
-    frames = _Frames(
-        rec=rec,
-        fld=fld,
-        group=group,
-        shard=s[rec],
-        local=local[rec],
-        offset=flat[:, _OFF],
-        size=flat[:, _SIZE],
-        nbytes=flat[:, _NBYTES],
-        crc=flat[:, _CRC],
-        fcs=flat[:, _FCS],
-        tail=flat[:, _TAIL],
-        lo=flat[:, _LO],
-        hi=flat[:, _HI],
-        shared=flat[:, _SHR],
-        group_shape=group_shape,
-    )
-    return frames, all_shapes
+    flat = entries.transpose(1, 0, 2).reshape(-1, SHAPE + nd)[order]
+    c = flat.T
+    frames = _Frames(rec, fld, group, s[rec], local[rec], c[OFF], c[SIZE], c[NBYTES], c[CRC], c[FCS], c[TAIL], c[LO], c[HI], c[SHR], flat[:, SHAPE:])
+    return frames, all_shapes, np.bincount(fld[new_group], minlength=nf)
 
 
 def _corrupt(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, i: int, why: str) -> ShardCorruptError:
@@ -258,16 +167,28 @@ def _corrupt(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, i
 
 def _payloads(shards: ShardSet, fr: _Frames, pick: np.ndarray | slice = slice(None)) -> list[bytes | bytearray | memoryview]:
     """Zero-copy slices of the shards' mmaps: the frames ``pick`` (all by default), in order."""
-    views = {int(s): shards.shard(int(s)).view for s in np.unique(fr.shard[pick])}
-    return [views[s][o : o + z] for s, o, z in zip(fr.shard[pick].tolist(), fr.offset[pick].tolist(), fr.size[pick].tolist())]
+    where = fr.shard[pick].tolist()
+    views = {s: shards.shard(s).view for s in set(where)}
+    return [views[s][o : o + z] for s, o, z in zip(where, fr.offset[pick].tolist(), fr.size[pick].tolist())]
 
 
-def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, threads: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, Any]:
-    """Decompress every distinct frame in one call; return the output buffers and, per entry, buffer id and data offset."""
+def _decompressor() -> Any:
+    """This thread's zstd decompressor (made once: each batched call copies its context anyway)."""
+    dctx = getattr(_LOCAL, "dctx", None)
+    if dctx is None:
+        dctx = _LOCAL.dctx = zstandard.ZstdDecompressor()
+    return dctx
+
+
+def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, threads: int, direct: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, Any]:
+    """Decompress every distinct frame in one call; return the output buffers and, per entry, buffer id and data offset.
+
+    Entries of shared frames are gathered into a staging buffer (uniform strides for the runs),
+    except those marked ``direct`` (read in place, through :class:`Segments`)."""
     shared = (fr.shared & 1).astype(bool)
     pick, slot = distinct_frames(fr.shard, fr.offset, shared)
     payloads = _payloads(shards, fr, pick)
-    dctx = zstandard.ZstdDecompressor()
+    dctx = _decompressor()
     if threads > 1 and int(fr.size[pick].sum()) < _THREADED_MIN_BYTES:
         threads = 1  # starting threads costs more than a small block's decompression
     sizes = _declared_sizes(shards, ids, names, fr)[pick]
@@ -284,29 +205,27 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
         segs = [out[i] for i in range(n)]
         offs = np.fromiter((sg.offset for sg in segs), np.int64, n)
         lens = np.fromiter((len(sg) for sg in segs), np.int64, n)
-    starts = np.flatnonzero(offs == 0)
-    buf_of = np.cumsum(offs == 0) - 1
-    buffers = []
-    ends = np.append(starts[1:], n)
-    for a, b in zip(starts.tolist(), ends.tolist()):
-        size = int(offs[b - 1] + lens[b - 1])
-        addr = np.frombuffer(out[a], np.uint8).ctypes.data  # type: ignore[call-overload]  # a BufferSegment is a buffer
-        buffers.append(np.asarray(OutputBuffer(addr, size, out)))
+    first = offs == 0
+    starts = np.flatnonzero(first)
+    buf_of = np.cumsum(first) - 1
+    ends = (offs + lens)[np.append(starts[1:], n) - 1].tolist()
+    buffers = [np.asarray(OutputBuffer(np.frombuffer(out[a], np.uint8).__array_interface__["data"][0], size, out)) for a, size in zip(starts.tolist(), ends)]
     eoff, elen, buf_id = offs[slot], lens[slot], buf_of[slot]
     for i in np.flatnonzero(elen < fr.tail + fr.nbytes)[:1].tolist():
         raise _corrupt(shards, ids, names, fr, i, f"decoded {int(elen[i])} bytes < {int(fr.tail[i] + fr.nbytes[i])} bytes of array data")
     data_off = eoff + elen - fr.tail - fr.nbytes  # (the data ends `tail` bytes before its frame's end)
     stride_ok = np.ones(len(eoff), bool)
     stride_ok[1:] = (eoff[1:] == eoff[:-1] + elen[:-1]) & (elen[1:] == elen[:-1]) & ~shared[1:] & ~shared[:-1]
-    if shared.any():
-        gather_shared(shared, fr.nbytes, buffers, buf_id, data_off, stride_ok)
+    stage = shared & ~direct
+    if stage.any():
+        gather_shared(stage, fr.nbytes, buffers, buf_id, data_off, stride_ok)
     return buffers, buf_id, data_off, (out, stride_ok)
 
 
 def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> np.ndarray:
     """Each frame's declared decoded size, refused unless it is the index's array data plus a small
     ``.npy`` header: nothing is allocated for a frame that claims more (a decompression bomb)."""
-    fcs = fr.fcs  # parsed from the frame headers once per shard (_shard_table)
+    fcs = fr.fcs  # parsed from the frame headers once per open shard (cachebuild.format.entries)
     if (fcs == -2).any():
         i = int(np.flatnonzero(fcs == -2)[0])
         raise _corrupt(shards, ids, names, fr, i, "not a zstd frame (bad frame header)")
@@ -356,43 +275,48 @@ def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads
     arr_names = sorted((n for n in fields if n not in json_names), key=lambda n: -np.dtype(shards.manifest.schema(n).dtype).itemsize)
     out: dict[str, FieldBlock] = {}
     if arr_names:
-        nd = max(shards.manifest.schema(n).ndim for n in arr_names)
-        entries = _gather_entries(shards, s, local, [shards.field_pos[n] for n in arr_names], nd)
-        fr, shapes = _plan_frames(shards, ids, s, local, arr_names, entries)
-        if shards.codec == "zstd":
-            buffers, buf_id, data_off, (keep, stride_ok) = _decode_zstd(shards, ids, arr_names, fr, threads)
-        else:
-            buffers, buf_id, data_off, (keep, stride_ok) = _decode_raw(shards, ids, arr_names, fr)
-        runs = _runs(fr, buf_id, stride_ok)
-        per_field = np.bincount(fr.fld[[a for a, _ in runs]], minlength=len(arr_names)) if runs else np.zeros(len(arr_names), np.int64)
-        for f, name in enumerate(arr_names):
-            dtype = np.dtype(shards.manifest.schema(name).dtype)
-            out[name] = FieldBlock(name, dtype, shapes[f], keep=keep)
-            if per_field[f] > _SEGMENT_RUNS and shards.manifest.schema(name).ndim == 1:
-                pick = np.flatnonzero(fr.fld == f)
-                out[name].segments = segments_of(fr.rec[pick], buf_id[pick], data_off[pick], fr.nbytes[pick], dtype, buffers)
-        blocks = [out[name] for name in arr_names]
-        for a, b in runs:
-            blk = blocks[fr.fld[a]]
-            if blk.segments is not None:
-                continue
-            shape = fr.group_shape[fr.group[a]]
-            stride = int(data_off[a + 1] - data_off[a]) if b - a > 1 else 0
-            dtype = blk.dtype
-            data = np.ndarray((b - a,) + shape, dtype=dtype, buffer=buffers[buf_id[a]], offset=int(data_off[a]), strides=(stride,) + _c_strides(shape, dtype.itemsize))
-            blk.runs.append((fr.rec[a:b], data))
+        _array_blocks(shards, ids, s, local, arr_names, threads, out)
     for name in json_names:
         out[name] = FieldBlock(name, None, np.zeros((len(ids), 0), np.int64), values=read_json_values(shards, ids, s, local, name))
     return out
 
 
-def _runs(fr: _Frames, buf_id: np.ndarray, stride_ok: np.ndarray) -> list[tuple[int, int]]:
-    """Maximal ranges of frames of one (field, shape) group in one buffer at a uniform stride."""
+def _array_blocks(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, names: list[str], threads: int, out: dict[str, FieldBlock]) -> None:
+    """Decode the array fields ``names`` of a block into ``out``: a 1-d field of many lengths as
+    :class:`Segments` (read where zstd left it), the others as strided runs of one shape."""
+    nd = max(shards.manifest.schema(n).ndim for n in names)
+    ndim, itemsize = field_meta(shards, tuple(names))[:2]
+    entries = block_entries(shards, ids, s, local, [shards.field_pos[n] for n in names], nd)
+    fr, shapes, groups = _plan_frames(shards, s, local, names, entries)
+    ragged = (ndim == 1) & (groups > _SEGMENT_RUNS)  # (a field whose runs turn out many below becomes Segments too)
+    if shards.codec == "zstd":
+        buffers, buf_id, data_off, (keep, stride_ok) = _decode_zstd(shards, ids, names, fr, threads, ragged[fr.fld])
+    else:
+        buffers, buf_id, data_off, (keep, stride_ok) = _decode_raw(shards, ids, names, fr)
+    starts, ends = _runs(fr, buf_id, stride_ok)
+    per_field = np.bincount(fr.fld[starts], minlength=len(names))
+    dtypes = [np.dtype(shards.manifest.schema(n).dtype) for n in names]
+    for f, name in enumerate(names):
+        out[name] = FieldBlock(name, dtypes[f], shapes[f], keep=keep)
+        if ragged[f] or (per_field[f] > _SEGMENT_RUNS and ndim[f] == 1):
+            pick = np.flatnonzero(fr.fld == f)
+            out[name].segments = segments_of(fr.rec[pick], buf_id[pick], data_off[pick], fr.nbytes[pick], dtypes[f], buffers)
+            ragged[f] = out[name].segments is not None
+    use = ~ragged[fr.fld[starts]]
+    for a, b in zip(starts[use].tolist(), ends[use].tolist()):
+        f = int(fr.fld[a])
+        shape = tuple(fr.shape[a, : ndim[f]].tolist())
+        stride = int(data_off[a + 1] - data_off[a]) if b - a > 1 else 0
+        dtype = dtypes[f]
+        data = np.ndarray((b - a,) + shape, dtype=dtype, buffer=buffers[buf_id[a]], offset=int(data_off[a]), strides=(stride,) + _c_strides(shape, int(itemsize[f])))
+        out[names[f]].runs.append((fr.rec[a:b], data))
+
+
+def _runs(fr: _Frames, buf_id: np.ndarray, stride_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Maximal ranges ``[starts[i], ends[i])`` of frames of one (field, shape) group in one buffer at a uniform stride."""
     n = len(fr.rec)
-    if n == 0:
-        return []
     brk = np.ones(n, bool)
     if n > 1:
         brk[1:] = (fr.group[1:] != fr.group[:-1]) | (buf_id[1:] != buf_id[:-1]) | ~stride_ok[1:]
     starts = np.flatnonzero(brk)
-    return list(zip(starts.tolist(), np.append(starts[1:], n).tolist()))
+    return starts, np.append(starts[1:], n) if n else starts

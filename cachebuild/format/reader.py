@@ -246,11 +246,13 @@ class ShardSet:
         self.codec = manifest.codec.name
         self._open: dict[int, OpenShard] = {}
         self._indexes: dict[int, np.ndarray] = {}  # indexes read without their shard (bind); dropped by close()
+        self.opens = np.zeros(len(manifest.shards), np.int64)  # per shard: times opened or closed (the decoder refills its entries when it moves)
         self.meta_cache: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]] = {}  # decode's per-field metadata
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_open"], state["_indexes"] = {}, {}
+        state.pop("_entry_tables", None)  # (the decoder's, cachebuild.format.entries: rebuilt where used)
         return state
 
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -267,6 +269,7 @@ class ShardSet:
         if sh is None:
             entry = self.manifest.shards[s]
             sh = self._open[s] = self.locator.open(s, lambda path, idx_path: open_shard(self.manifest, entry, path, idx_path, self.share(s)))
+            self.opens[s] += 1
         return sh
 
     def share(self, s: int) -> int:
@@ -300,6 +303,7 @@ class ShardSet:
         for s in list(self._open) if shards is None else shards:
             sh = self._open.pop(s, None)
             if sh is not None:
+                self.opens[s] += 1
                 sh.unmap()
 
     def close(self) -> None:

@@ -142,19 +142,25 @@ def coincides(index: np.ndarray, pack: int) -> np.ndarray:
 
 
 def distinct_frames(shard: np.ndarray, offset: np.ndarray, shared: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(pick, slot)`` for a block's entries: the distinct frames (entries sharing a frame name it
-    once), as the entry first naming each, in block order; and each entry's position in ``pick``."""
+    """``(pick, slot)`` for a block's entries: the frames to decode, as the entry naming each, in block
+    order (entries sharing a frame name it once, at its first); and each entry's position in ``pick``.
+    Only shared frames are looked up (an unshared frame holds one entry)."""
     n = len(offset)
     every = np.arange(n, dtype=np.int64)
-    key = (shard.astype(np.int64) << 40) | offset  # (a shard is far below 2**40 bytes)
-    in_shared = np.sort(key[shared])
-    if not (in_shared[1:] == in_shared[:-1]).any():  # (a shuffled block: every frame named once; unshared frames always are)
+    sel = np.flatnonzero(shared)
+    if sel.size < 2:
         return every, every
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    rank = np.argsort(first, kind="stable")
-    where = np.empty(len(first), np.int64)
-    where[rank] = np.arange(len(first))
-    return first[rank], where[inverse.reshape(-1)]
+    key = (shard[sel].astype(np.int64) << 40) | offset[sel]  # (a shard is far below 2**40 bytes)
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    if len(uniq) == len(sel):  # (a shuffled block: every frame named once)
+        return every, every
+    keep = np.ones(n, bool)
+    keep[sel] = False
+    keep[sel[first]] = True
+    pos = np.cumsum(keep) - 1
+    slot = pos.copy()
+    slot[sel] = pos[sel[first]][inverse.reshape(-1)]
+    return np.flatnonzero(keep), slot
 
 
 def gather_shared(shared: np.ndarray, nbytes: np.ndarray, buffers: list[np.ndarray], buf_id: np.ndarray, data_off: np.ndarray, stride_ok: np.ndarray, align: int = 8) -> None:

@@ -25,6 +25,7 @@ from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
+from cachebuild.format.segments import length_mask, small_int
 from loaders.plan import BatchItems
 from loaders.ragged import DEFAULT_BUCKET_BATCHES, bucket_order
 from loaders.views.base import ShapesFn, View, array_fields, copy_repeats, field_layout, require_fields
@@ -45,12 +46,20 @@ def _check_bucket(manifest: Manifest, field: str | None, batches: int) -> tuple[
 
 
 def shape_mask(shapes: np.ndarray, max_shape: Sequence[int], out: np.ndarray) -> None:
-    """``out[i, j0, j1, ...] = all(j_d < shapes[i, d])``, vectorised over the batch."""
-    out[...] = True
+    """``out[i, j0, j1, ...] = all(j_d < shapes[i, d])``, vectorised over the batch: one broadcast
+    compare for the first axis written straight into ``out``, one ``&=`` per further axis."""
     nd = len(max_shape)
+    if nd == 0:
+        out[...] = True
+        return
+    kind = small_int(max(max_shape))
     for d, m in enumerate(max_shape):
-        idx = np.arange(m).reshape((1,) + (1,) * d + (m,) + (1,) * (nd - d - 1))
-        out &= idx < shapes[:, d].reshape((-1,) + (1,) * nd)
+        idx = np.arange(m, dtype=kind).reshape((1,) + (1,) * d + (m,) + (1,) * (nd - d - 1))
+        lim = shapes[:, d].astype(kind).reshape((-1,) + (1,) * nd)
+        if d == 0:
+            np.less(idx, lim, out=out)
+        else:
+            out &= idx < lim
 
 
 class RecordsView(View):
@@ -95,7 +104,8 @@ class RecordsView(View):
 
     def layout(self) -> Layout:
         B = self.batch_size
-        keys: dict[str, Field] = {f.name: field_layout(f, B) for f in self.schemas}
+        # (a field of one shape is written whole, every row: no fill first; a varying one is zero-padded)
+        keys: dict[str, Field] = {f.name: field_layout(f, B) if f.varying_axes else Field((B,) + tuple(f.max_shape), f.dtype) for f in self.schemas}
 
         def add(key: str, spec: Field, of: str = "") -> None:
             if key in keys:  # a user's field named record_id, or x_shape next to a varying x
@@ -118,14 +128,36 @@ class RecordsView(View):
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
         uniq, first, inv = items.unique, items.first, items.slot
         blocks = read_block(shards, uniq, [f.name for f in self.schemas], self.decode_threads)
+        whole: list[str] = []  # keys written for every row here (repeats included)
         for f in self.schemas:
             blk = blocks[f.name]
+            if not f.varying_axes:
+                blk.scatter(out[f.name], first)
+                continue
+            shapes = blk.shapes[inv]
+            out[f"{f.name}_shape"][...] = shapes
+            mask = out[f"{f.name}_mask"] if self.masks else None
+            if blk.segments is not None:  # ragged 1-d: the mask of the lengths is also where the data goes
+                mask = self._scratch_mask(f.name, f.max_shape) if mask is None else mask
+                length_mask(shapes[:, 0], mask)
+                blk.segments.fill_masked(out[f.name], inv, mask)
+                whole.append(f.name)
+                continue
             blk.scatter(out[f.name], first)
-            if f.varying_axes:
-                shapes = blk.shapes[inv]
-                out[f"{f.name}_shape"][...] = shapes
-                if self.masks:
-                    shape_mask(shapes, f.max_shape, out[f"{f.name}_mask"])
-        copy_repeats(out, first, inv, [f.name for f in self.schemas])
+            if mask is not None:
+                shape_mask(shapes, f.max_shape, mask)
+        copy_repeats(out, first, inv, [f.name for f in self.schemas if f.name not in whole])
         out["record_id"][...] = items.records
         out["is_pad"][...] = items.is_pad
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_scratch", None)  # scratch arrays stay in their process
+        return state
+
+    def _scratch_mask(self, name: str, max_shape: Sequence[int]) -> np.ndarray:
+        """A reused bool ``[B, *max_shape]`` for a ragged field's lengths when the batch has no mask key."""
+        scratch: dict[str, np.ndarray] = self.__dict__.setdefault("_scratch", {})
+        if name not in scratch:
+            scratch[name] = np.empty((self.batch_size,) + tuple(max_shape), bool)
+        return scratch[name]
