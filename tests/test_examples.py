@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
@@ -100,17 +101,46 @@ def test_every_script_is_smoke_tested():
     assert "examples/sequences/train.py" in SCRIPTS and "examples/ssm/train.py" in SCRIPTS and "benchmarks/peers.py" in SCRIPTS
 
 
+@pytest.fixture(scope="module")
+def importer() -> Iterator[Callable[[str], dict]]:
+    """Imports a script in a fresh process forked from one warm one (tests/script_importer.py says why and how)."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "script_importer.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    assert server.stdin is not None and server.stdout is not None
+
+    def run(path: str) -> dict:
+        server.stdin.write(json.dumps({"path": str(REPO / path), "timeout": 120}) + "\n")
+        server.stdin.flush()
+        reply = server.stdout.readline()
+        assert reply, f"the import server died (exit code {server.poll()})"
+        return json.loads(reply)
+
+    try:
+        yield run
+    finally:
+        server.stdin.close()
+        server.wait(60)
+        server.stdout.close()
+
+
 @pytest.mark.parametrize("path", SCRIPTS)
-def test_scripts_import(path):
+def test_scripts_import(path, importer):
     """Every benchmark and example (sub-folders too) imports (catches a script left behind by a refactor); peers of the bench extra may be absent."""
-    file = REPO / path
-    code = (
-        f"import sys; sys.path[:0] = [{str(file.parent)!r}, {str(REPO / 'benchmarks')!r}, {str(EXAMPLES)!r}]; "
-        f"import importlib.util as u; s = u.spec_from_file_location({file.stem!r}, {str(file)!r}); m = u.module_from_spec(s); "
-        f"sys.modules[s.name] = m; s.loader.exec_module(m)"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    r = importer(path)
     optional = ("litdata", "streaming", "ffcv", "lightning_utilities", "obstore")
-    if r.returncode and any(f"No module named '{name}" in r.stderr for name in optional):
+    if r["rc"] and any(f"No module named '{name}" in r["output"] for name in optional):
         pytest.skip(f"{path}: a peer of the bench extra is not installed")
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r["rc"] == 0, r["output"][-2000:]
+
+
+def test_the_importer_fails_a_broken_script_and_isolates_scripts(tmp_path, importer):
+    """The forked import fails as a fresh interpreter would (exit code, traceback), and one script's
+    import leaves nothing behind for the next (each child is a copy of the warm server, not of the last child)."""
+    broken = tmp_path / "broken.py"
+    broken.write_text("import no_such_module_of_ours\n")
+    r = importer(str(broken))
+    assert r["rc"] == 1 and "ModuleNotFoundError: No module named 'no_such_module_of_ours'" in r["output"], r
+    (tmp_path / "leaves.py").write_text("import sys\nsys.modules['left_by_a_script'] = sys\nsys.path.append('/left/by/a/script')\n")
+    (tmp_path / "checks.py").write_text("import sys\nassert 'left_by_a_script' not in sys.modules and '/left/by/a/script' not in sys.path\nsys.exit(3)\n")
+    assert importer(str(tmp_path / "leaves.py"))["rc"] == 0
+    assert importer(str(tmp_path / "checks.py"))["rc"] == 3  # its assertion passed, then its own exit code

@@ -36,18 +36,28 @@ def _twins(root: Path, **kw) -> ShardStream:
 
 
 def _epochs(loader, epochs: int) -> list[dict]:
-    out = []
-    for e in range(epochs):
-        loader.set_epoch(e)
-        out += [{k: v.clone() for k, v in b.items()} for b in loader]
-    return out
+    """The batches of epochs 0 to ``epochs - 1``, in order (copies: a batch's memory may be reused)."""
+    return [b for e in range(epochs) for b in _epochs_from(loader, e)]
+
+
+@pytest.fixture(scope="module")
+def twins_of_0_workers(graphs: Path) -> list[list[dict]]:
+    """The ``_twins`` batches of 0 workers, epoch by epoch (epochs 0 and 1): the reference of the tests
+    below, read once for the module (read-only: the tests compare with it, never change it)."""
+    loader = make_loader(_twins(graphs), num_workers=0)
+    return [_epochs_from(loader, e) for e in range(2)]
+
+
+def _epochs_from(loader, epoch: int) -> list[dict]:
+    loader.set_epoch(epoch)
+    return [{k: v.clone() for k, v in b.items()} for b in loader]
 
 
 @pytest.mark.parametrize("workers", [2, 3])
-def test_workers_share_each_pool_and_give_the_batches_of_0_workers(graphs: Path, workers: int) -> None:
+def test_workers_share_each_pool_and_give_the_batches_of_0_workers(graphs: Path, twins_of_0_workers: list[list[dict]], workers: int) -> None:
     """2 and 3 persistent workers over 2 epochs: every graph decoded exactly once per epoch in all
     (it was once per worker), no batch built privately, and the batches of 0 workers."""
-    want = _epochs(make_loader(_twins(graphs), num_workers=0), 2)
+    want = twins_of_0_workers[0] + twins_of_0_workers[1]
     loader = make_loader(_twins(graphs), num_workers=workers, shared_pools=True, persistent_workers=True)
     got = _epochs(loader, 2)
     assert all_batches_equal(want, got)
@@ -73,10 +83,10 @@ def test_mel_segments_share_pools_across_passes_of_fresh_workers(mels: Path) -> 
     assert all_batches_equal(want, got)
 
 
-def test_too_few_regions_fall_back_to_private_decoding(graphs: Path) -> None:
+def test_too_few_regions_fall_back_to_private_decoding(graphs: Path, twins_of_0_workers: list[list[dict]]) -> None:
     """With one shared region (a batch touching two pools cannot fit), workers build those batches
     from their private stores: the batches do not change, and no worker waits for ever."""
-    want = _epochs(make_loader(_twins(graphs), num_workers=0), 1)
+    want = twins_of_0_workers[0]
     loader = make_loader(_twins(graphs), num_workers=2, shared_pools=True, persistent_workers=True)
     big = loader.dataset.shared_pools
     small = SharedPools(big.fields, big.pool_size, 1, 2, big.lock)
@@ -152,10 +162,10 @@ def test_auto_shares_only_when_workers_outnumber_free_cores(graphs: Path, monkey
     assert loader_mod.share_pools(None, 2) and not loader_mod.share_pools(None, 1)
 
 
-def test_spawned_workers_share_pools_too(graphs: Path) -> None:
+def test_spawned_workers_share_pools_too(graphs: Path, twins_of_0_workers: list[list[dict]]) -> None:
     """Workers started with ``spawn`` (not ``fork``) receive the shared memory and the lock through
     the DataLoader's pickling: the same batches, each graph decoded once."""
-    want = _epochs(make_loader(_twins(graphs), num_workers=0), 1)
+    want = twins_of_0_workers[0]
     loader = make_loader(_twins(graphs), num_workers=2, shared_pools=True, multiprocessing_context="spawn")
     got = _epochs(loader, 1)
     assert all_batches_equal(want, got)
@@ -269,10 +279,10 @@ def test_workers_help_decode_a_pool_instead_of_waiting(graphs: Path) -> None:
 
 
 @pytest.mark.parametrize("workers", [2, 3])
-def test_pools_decoded_in_small_parts_give_the_batches_of_0_workers(graphs: Path, workers: int) -> None:
+def test_pools_decoded_in_small_parts_give_the_batches_of_0_workers(graphs: Path, twins_of_0_workers: list[list[dict]], workers: int) -> None:
     """Real DataLoader workers with pools cut into parts of 5 records (12 per pool of 60): the
     batches of 0 workers, each graph decoded once per epoch, no batch built privately."""
-    want = _epochs(make_loader(_twins(graphs), num_workers=0), 2)
+    want = twins_of_0_workers[0] + twins_of_0_workers[1]
     loader = make_loader(_twins(graphs), num_workers=workers, shared_pools=True, persistent_workers=True)
     loader.dataset.shared_pools.part_records = 5  # before the (persistent) workers start
     got = _epochs(loader, 2)
