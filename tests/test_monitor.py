@@ -133,33 +133,32 @@ def _startup_then_fast(n: int, stall_s: float):
         yield torch.zeros(8, 3)
 
 
+def _data_bound_warnings(batches, step_s: float = 0.0) -> tuple[int | None, int]:
+    """(the step at which the first DataBoundWarning had been raised, or None; how many were raised in all)."""
+    monitor = StallMonitor(sample_every_s=None)
+    first: int | None = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step, _ in enumerate(monitor.wrap(batches)):
+            if first is None and any(issubclass(w.category, DataBoundWarning) for w in caught):
+                first = step
+            time.sleep(step_s)
+    return first, sum(issubclass(w.category, DataBoundWarning) for w in caught)
+
+
 def test_startup_transient_does_not_warn_mid_epoch():
     # Steps 1-50 wait ~0.3 s of ~0.45 s (67%); then the loader keeps up (a 2 ms step, no wait), so the epoch
     # ends near 0.3 / 1.0 s. The cumulative fraction at the step-50 and step-100 checks is far over 10 %;
     # only the window since the previous check shows the loader keeping up. The epoch's own end still
     # judges the whole epoch (over the threshold here), so exactly one warning, and it comes at the end.
-    monitor = StallMonitor(sample_every_s=None)
-    seen: list[int] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for step, _ in enumerate(monitor.wrap(_startup_then_fast(300, 0.15))):
-            if any(issubclass(w.category, DataBoundWarning) for w in caught) and not seen:
-                seen.append(step)
-            time.sleep(0.002)
-    found = [w for w in caught if issubclass(w.category, DataBoundWarning)]
-    assert len(found) == 1 and not seen, f"warned mid-epoch at step {seen}"
+    first, count = _data_bound_warnings(_startup_then_fast(300, 0.15), step_s=0.002)
+    assert count == 1 and first is None, f"warned mid-epoch at step {first}"
 
 
 def test_steady_data_bound_warns_mid_epoch():
-    monitor = StallMonitor(sample_every_s=None)
-    first: list[int] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for step, _ in enumerate(monitor.wrap(_delayed(400, 0.004))):
-            if not first and any(issubclass(w.category, DataBoundWarning) for w in caught):
-                first.append(step)
+    first, _ = _data_bound_warnings(_delayed(400, 0.004))
     # the first check (step 50) only opens a window; the second (step 100) warns: well before the epoch ends
-    assert first and first[0] <= 101, first
+    assert first is not None and first <= 101, first
 
 
 def test_no_warning_when_not_data_bound_and_logging_mode(caplog):
