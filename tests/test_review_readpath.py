@@ -239,3 +239,30 @@ def test_a_build_leaves_the_gc_threshold_and_nothing_running(tmp_path: Path, own
     time.sleep(0.6)  # a shard takes ~0.4 s: one still being written would show
     assert sorted(p.name for p in out.iterdir()) == files
     assert gc.get_threshold() == own_thresholds
+
+
+# ---- the per-shard tables go with their shards
+
+
+def test_per_shard_tables_go_with_their_shards(edge_caches: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache over WHOLE_TABLE_BYTES read shard by shard and released (``verify``, a remote cache's
+    eviction) holds the entries of its open shards only, as before the one-table change (they
+    lived on the open shard): every shard's table kept was the whole table's memory again."""
+    monkeypatch.setattr(entries, "WHOLE_TABLE_BYTES", 0)
+    root = edge_caches["packed"]
+    ref = Reference(root)
+    names = ["a8", "c17", "m2"]
+    with open_cache(root) as shards:
+        starts = shards.starts
+        for again in range(2):  # the second pass reopens every shard: refilled, and still right
+            for s in range(len(shards.manifest.shards)):
+                ids = np.arange(starts[s], starts[s + 1])
+                got = read_block(shards, ids, names)
+                for name in names:
+                    out = np.zeros((len(ids),) + tuple(shards.manifest.schema(name).max_shape), shards.manifest.schema(name).dtype)
+                    got[name].scatter(out)
+                    want = [padded(ref.record(int(r))[name], out.shape[1:]) for r in ids]
+                    assert out.tobytes() == np.stack(want).tobytes(), (again, s, name)
+                shards.release([s])
+                (table,) = shards.__dict__["_entry_tables"].values()
+                assert table.rows is None and list(table.parts) == [], (again, s)
