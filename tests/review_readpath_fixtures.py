@@ -66,6 +66,19 @@ def grow_record(rng: np.random.Generator, index: int) -> dict[str, Any]:
     return {"tok": rng.integers(0, 30000, n).astype(np.int16), "m2": np.full((m, 2), index, np.int32), "meta": {"i": int(index)}}
 
 
+class Records(Reference):
+    """:class:`Reference`, each record read once (the tests read every record several times)."""
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self._seen: dict[int, dict[str, Any]] = {}
+
+    def record(self, rid: int) -> dict[str, Any]:
+        if rid not in self._seen:
+            self._seen[rid] = super().record(rid)
+        return self._seen[rid]
+
+
 def row_faults(batch: dict[str, Any], i: int, want: dict[str, Any], fields: list[Any], max_shapes: dict[str, tuple[int, ...]], masks: bool) -> list[str]:
     """What differs between batch row ``i`` and the record ``want`` (the reference's), for every array field."""
     faults = []
@@ -121,7 +134,7 @@ def ddp_rank_main(rank: int, world: int, port: int, root: str, out_dir: str, pha
     entries.WHOLE_TABLE_BYTES = 0  # one table per shard (the forked workers inherit it)
     with gloo_rank(rank, world, port, out_dir) as result:
         t0 = time.perf_counter()
-        ref = Reference(Path(root))
+        ref = Records(Path(root))
         stream = ShardStream(root, view="records", batch_size=24, seed=6)
         loader = make_loader(stream, num_workers=2, prefetch_factor=2, multiprocessing_context="fork")
         epochs: dict[str, list[int]] = {}
@@ -136,3 +149,10 @@ def ddp_rank_main(rank: int, world: int, port: int, root: str, out_dir: str, pha
         t = torch.tensor([float(sum(len(v) for v in epochs.values()))])
         dist.all_reduce(t)
         result.update({"epochs": epochs, "total": t.item(), "seconds": time.perf_counter() - t0})
+
+
+def grow_source() -> Any:
+    """The growing cache's source, for a recipe's ``kind = "review_readpath_fixtures:grow_source"`` (the CLI's appends)."""
+    from cachebuild import FunctionSource
+
+    return FunctionSource.per_record(grow_record, GROW_FIELDS)

@@ -14,6 +14,9 @@ from __future__ import annotations
 import _thread
 import gc
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -28,13 +31,14 @@ from cachebuild.errors import SourceError
 from cachebuild.format import entries, read_manifest, reader
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import open_cache
-from loader_fixtures import Reference, padded
+from loader_fixtures import padded
 from loaders import Mixture, ShardStream, make_loader
 from loaders.ragged import trim_to_batch_max
 from loaders.remote import RemoteOptions
 from remote_fixtures import free_port, serve_folder
-from review_readpath_fixtures import EDGE_FIELDS, GROW_FIELDS, check_batches, ddp_rank_main, edge_record, grow_record, kept
+from review_readpath_fixtures import EDGE_FIELDS, GROW_FIELDS, Records, check_batches, ddp_rank_main, edge_record, grow_record, kept
 
+REPO = Path(__file__).resolve().parents[1]
 EDGE = FunctionSource.per_record(edge_record, EDGE_FIELDS)
 GROW = FunctionSource.per_record(grow_record, GROW_FIELDS)
 LAYOUTS = {
@@ -60,7 +64,7 @@ def edge_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_ragged_edges_equal_the_records_on_every_layout(edge_caches: dict[str, Path], layout: str) -> None:
     root = edge_caches[layout]
-    ref = Reference(root)
+    ref = Records(root)
     schema = {f.name: f for f in ref.manifest.fields}
     assert schema["empty"].max_shape == (0,) and schema["dbool"].max_shape == (1,) and not schema["fixed"].varying_axes
     for masks, bucket, workers in ((True, None, 0), (False, "a8", 2), (True, "c17", 0), (False, None, 0)):
@@ -96,21 +100,29 @@ def test_the_edges_take_both_paths_of_the_decoder(edge_caches: dict[str, Path], 
 # ---- caches that grow under persistent workers
 
 
+def _cli(cwd: Path, *args: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    proc = subprocess.run([sys.executable, "-m", "cachebuild", *args, "--workers", "1"], cwd=cwd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_a_growing_cache_and_a_mixture_with_it_under_persistent_workers(tmp_path: Path) -> None:
     root, other = tmp_path / "grow", tmp_path / "other"
+    recipe = tmp_path / "grow.toml"
+    recipe.write_text('kind = "review_readpath_fixtures:grow_source"\nrecords = 300\n')
     build(GROW, root, records=300, workers=1, shard_mb=0.03, progress=False, pack=16)
     build(GROW, other, records=120, workers=1, shard_mb=0.03, progress=False, pack=16, seed=9)
     loader = make_loader(ShardStream(root, view="records", batch_size=32, seed=2), num_workers=2)
     mstream = ShardStream(Mixture({"g": str(root), "o": str(other)}), view="records", batch_size=32, seed=4)
     mloader = make_loader(mstream, num_workers=2)
     for generation, (records, shard_mb) in enumerate(((300, 0), (200, 0.03), (150, 0.05))):  # then two appends (other shard sizes)
-        if generation:
-            build(GROW, root, records=records, workers=1, shard_mb=shard_mb, progress=False, append=True)
-        ref = Reference(root)
+        if generation:  # the command line's append, as a user's background builder runs it
+            _cli(tmp_path, "build", "--config", str(recipe), "--out", str(root), "--append", "--records", str(records), "--shard-mb", str(shard_mb))
+        ref = Records(root)
         assert sorted(check_batches(kept(loader), ref)) == list(range(ref.manifest.records))
         batches, mix = kept(mloader), mstream.mixture
         assert mix is not None and mix.generations == (generation, 0)
-        refs = (ref, Reference(other))
+        refs = (ref, Records(other))
         union = {f.name: tuple(f.max_shape) for f in mix.manifest.fields}
         seen = []
         for batch in batches:
@@ -136,7 +148,9 @@ def test_remote_eviction_ragged_packed_every_batch_once_and_resume(tmp_path: Pat
     root = tmp_path / "cache"
     build(GROW, root, records=400, workers=1, shard_mb=0.03, progress=False, pack=16)  # shared frames, 9 shards
     manifest = read_manifest(root)
-    ref = Reference(root)
+    with open_cache(root) as shards:
+        assert all(shards.layout(s).shared[:, shards.field_pos["tok"]].any() for s in range(len(manifest.shards)))
+    ref = Records(root)
     unit = max(s.bytes + s.index_bytes for s in manifest.shards)
     fills: list[int] = []
     opened: list[str] = []
@@ -250,7 +264,7 @@ def test_per_shard_tables_go_with_their_shards(edge_caches: dict[str, Path], mon
     lived on the open shard): every shard's table kept was the whole table's memory again."""
     monkeypatch.setattr(entries, "WHOLE_TABLE_BYTES", 0)
     root = edge_caches["packed"]
-    ref = Reference(root)
+    ref = Records(root)
     names = ["a8", "c17", "m2"]
     with open_cache(root) as shards:
         starts = shards.starts
