@@ -1,4 +1,9 @@
-"""Run shard jobs on loky (local processes) or threading (joblib), on a Dask cluster, or on Ray.
+"""Run shard jobs on loky (local processes) or threads of the calling process, on a Dask cluster, or on Ray.
+
+Threads: a pool of the build's own that, when a shard fails or the build is interrupted, drops
+the shards not started and waits for those being written before the error leaves the build
+(joblib's threading backend returned at once while its threads went on writing shards, outside
+the build lock, with the process's GC threshold still raised for them: :mod:`cachebuild.builder.collector`).
 
 Dask: with an address, the build connects to that scheduler; without one, a
 ``LocalCluster`` of ``workers`` single-threaded processes on 127.0.0.1 is started for
@@ -25,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Iterator, Sequence
 
 from cachebuild.builder.cluster_check import ray_connect_env, ray_connects
@@ -157,6 +163,21 @@ def _ray_session(address: str | None) -> Iterator[None]:
             ray.shutdown()
 
 
+def _thread_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, n: int) -> Iterator[Any]:
+    """``fn(item, *args)`` on ``n`` threads, in completion order; on an error (or the caller's
+    interrupt, or the caller leaving early) the jobs not started are cancelled and the running
+    ones waited for, so nothing writes after this returns."""
+    with ThreadPoolExecutor(n, thread_name_prefix="cachebuild-shard") as pool:
+        futures = [pool.submit(fn, item, *args) for item in items]
+        try:
+            for fut in as_completed(futures):
+                yield fut.result()
+        finally:
+            for fut in futures:
+                fut.cancel()
+        # (leaving the with-block joins the threads: the running shards finish first)
+
+
 def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend: str, workers: int | None, address: str | None = None) -> Iterator[Any]:
     """Yield ``fn(item, *args)`` for every item, in completion order."""
     from joblib import Parallel, delayed, parallel_config
@@ -169,6 +190,9 @@ def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend:
     if backend == "loky" and n <= 1:
         for item in items:
             yield fn(item, *args)
+        return
+    if backend == "threading":
+        yield from _thread_jobs(fn, items, args, n)
         return
     jobs = (delayed(fn)(item, *args) for item in items)
     if backend == "dask":

@@ -7,8 +7,8 @@ a shard are filled the first time a block reads it, from its checked index and (
 headers, parsed once per open shard (:func:`shard_table`), and refilled when the shard was closed
 and opened again (a remote cache's shards come and go). Memory: ``8 * (9 + nd)`` bytes per record
 and field read, for the shards read so far (the table is reserved whole, its pages fill as shards
-are read; a cache whose table would pass :data:`WHOLE_TABLE_BYTES` keeps one per shard instead), next
-to the index's 56 per record and field.
+are read; a cache whose table would pass :data:`WHOLE_TABLE_BYTES` keeps one per open shard instead,
+dropped when its shard is closed), next to the index's 56 per record and field.
 """
 
 from __future__ import annotations
@@ -66,6 +66,12 @@ class _CacheTable:
         self.rows = np.empty((records, nf, SHAPE + nd), np.int64) if whole else None
         self.parts: dict[int, np.ndarray] = {}
         self.version = np.full(shards, -1, np.int64)
+
+    def forget(self, s: int) -> None:
+        """Shard ``s`` was closed: its own table goes with it (per-shard mode; a cache read shard by shard,
+        as ``verify`` and a remote cache's eviction do, must not keep every shard's table: that memory is
+        what the per-shard mode exists to avoid). The whole table's rows stay, refilled if ``s`` reopens."""
+        self.parts.pop(s, None)
 
 
 def block_entries(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, cols: list[int], nd: int) -> np.ndarray:

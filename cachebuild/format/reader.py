@@ -305,6 +305,8 @@ class ShardSet:
             if sh is not None:
                 self.opens[s] += 1
                 sh.unmap()
+                for table in self.__dict__.get("_entry_tables", {}).values():
+                    table.forget(s)  # (the decoder's entries of this shard, cachebuild.format.entries)
 
     def close(self) -> None:
         """Release every open mapping (views still alive keep theirs until they go) and the locator's threads."""
