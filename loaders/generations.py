@@ -168,7 +168,11 @@ Seen = tuple[tuple[int, int, int], int]
 def newest_seen(root: Any, seen: Seen | None) -> Seen:
     """The generation ``manifest.json`` holds (with its stat key), parsed again only when the file was replaced
     (a new inode: appends commit by rename), so an epoch start costs one ``stat`` (a 500-shard manifest parses in ~20 ms)."""
-    st = os.stat(Path(root) / MANIFEST_NAME)
+    try:
+        st = os.stat(Path(root) / MANIFEST_NAME)
+    except FileNotFoundError:
+        read_manifest(root)  # the reader's one-line ManifestError (mid-swap of an --overwrite: says so)
+        st = os.stat(Path(root) / MANIFEST_NAME)  # (back meanwhile)
     key = (st.st_ino, st.st_mtime_ns, st.st_size)
     if seen is not None and seen[0] == key:
         return seen

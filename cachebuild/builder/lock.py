@@ -72,8 +72,11 @@ def build_lock(folder: str | Path) -> Iterator[None]:
     fd = _acquire(folder)
     try:
         doc = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(doc).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(doc).encode(), 0)
+        except OSError:
+            pass  # a full disk: the flock holds without its record (which only names the holder), so `prune` still frees space
         yield
     finally:
         try:

@@ -17,7 +17,7 @@ from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name
 from cachebuild.format.generations import GENERATIONS_DIR
 from cachebuild.format.manifest import MANIFEST_NAME, ShardEntry
 
-__all__ = ["BUILD_RECORD", "STAGING_DIR", "is_ours", "manifest_damaged", "done_name", "write_done", "read_valid_done", "file_sha256", "write_json", "read_json"]
+__all__ = ["BUILD_RECORD", "STAGING_DIR", "is_ours", "holds_cache", "manifest_damaged", "done_name", "write_done", "read_valid_done", "file_sha256", "write_json", "read_json"]
 
 BUILD_RECORD = "build.json"
 STAGING_DIR = ".overwrite"
@@ -27,6 +27,12 @@ STAGING_DIR = ".overwrite"
 def is_ours(name: str) -> bool:
     """A name a cachebuild cache folder may hold (anything else makes a folder without a cache foreign)."""
     return name in (MANIFEST_NAME, BUILD_RECORD, LOCK_NAME, GENERATIONS_DIR, STAGING_DIR) or name.startswith("shard-") or is_tmp_name(Path(name))
+
+
+def holds_cache(folder: Path) -> bool:
+    """True for a folder a cachebuild build wrote into (a cache, an unfinished build, one holding the build lock):
+    an input scanner skips it, so an ``--out`` inside the input folder is never read back as input."""
+    return any((folder / name).exists() for name in (MANIFEST_NAME, BUILD_RECORD, LOCK_NAME, STAGING_DIR))
 
 
 def manifest_damaged(output: Any, manifest: dict[str, Any]) -> bool:

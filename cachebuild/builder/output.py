@@ -62,7 +62,7 @@ class LocalOutput:
 
     def remove(self, name: str) -> None:
         p = self.path / name
-        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)  # a link goes, never what it points to
 
     def size(self, name: str) -> int | None:
         try:

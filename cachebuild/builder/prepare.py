@@ -43,6 +43,8 @@ def check_local(out: LocalOutput) -> None:
     path = out.path
     if path.exists() and not path.is_dir():
         raise OutputError(f"output path {path} exists and is not a folder")
+    if path.is_symlink() and not path.exists():
+        raise OutputError(f"output path {path} is a symbolic link to {os.readlink(path)}, which does not exist: create that folder, or choose another --out")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

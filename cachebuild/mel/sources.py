@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from cachebuild.builder.markers import holds_cache
 from cachebuild.errors import ConfigError, SourceError
 from cachebuild.mel.config import MelConfig
 from cachebuild.mel.h5 import H5Source, StoredMelWarning
@@ -67,7 +68,8 @@ class WavFolderSource:
     reader; other audio files (``.flac``, ``.ogg``, ``.mp3``, ...) through
     ``soundfile`` when it is installed and can open them, else they are bad
     files ("unsupported format; convert it to WAV or install soundfile") and so
-    appear in the skipped list; hidden files and non-audio files are ignored.
+    appear in the skipped list; hidden files and non-audio files are ignored, and so
+    is a folder holding a cachebuild cache (an ``--out`` inside ROOT is no label).
     Audio files the walk does not read (at the top level, or in folders inside
     a label folder) are named in one warning and listed as ``not_read`` in
     :meth:`describe` (they used to be dropped silently).
@@ -80,7 +82,7 @@ class WavFolderSource:
         self.cfg = cfg
         if not self.root.is_dir():
             raise SourceError(f"{self.root}: not a directory")
-        folders = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        folders = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith(".") and not holds_cache(d))
         if not folders:
             raise SourceError(f"{self.root}: no label subfolders")
         self.label2id = cfg.label2id or {name: i for i, name in enumerate(folders)}

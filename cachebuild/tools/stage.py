@@ -30,13 +30,14 @@ from cachebuild.format.generations import GENERATIONS_DIR
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.records import check_structure
+from cachebuild.tools.stage_dst import human, stage_lock
 
 __all__ = ["STAMP_NAME", "StageResult", "UnstageResult", "default_dst", "stage_cache", "unstage_cache"]
 
 STAMP_NAME = ".cachebuild-stage.json"
 DEFAULT_ROOT = Path("/dev/shm/cachebuild")
-_CHUNK = 8 << 20
 _MOUNT_ADVICE = "sudo mount -t tmpfs -o size={size}G tmpfs /mnt/cache"
+_CHUNK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,9 @@ class StageResult:
 
     def lines(self) -> list[str]:
         if self.already_staged:
-            head = f"already staged, nothing copied: {self.dst} ({self.files} files, {_human(self.bytes_total)} match the manifest)"
+            head = f"already staged, nothing copied: {self.dst} ({self.files} files, {human(self.bytes_total)} match the manifest)"
         else:
-            head = f"staged {self.src} -> {self.dst}: copied {self.copied_files}/{self.files} files, {_human(self.bytes_copied)} in {self.seconds:.2f} s ({self.gb_per_s:.2f} GB/s), sha256 verified"
+            head = f"staged {self.src} -> {self.dst}: copied {self.copied_files}/{self.files} files, {human(self.bytes_copied)} in {self.seconds:.2f} s ({self.gb_per_s:.2f} GB/s), sha256 verified"
         return [head, f"pass to the loader: {self.dst}"]
 
 
@@ -92,19 +93,10 @@ class UnstageResult:
     def lines(self) -> list[str]:
         if not self.existed:
             return [f"nothing staged at {self.dst}"]
-        out = [f"unstaged {self.dst}: removed {self.files} files, freed {_human(self.bytes)}"]
+        out = [f"unstaged {self.dst}: removed {self.files} files, freed {human(self.bytes)}"]
         if self.left:
             out.append(f"kept {len(self.left)} file(s) not made by staging, and the folder: {', '.join(self.left[:5])}")
         return out
-
-
-def _human(n: float) -> str:
-    """Bytes as a short decimal size (``2.47 GB``, ``310.5 MB``)."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n:.2f} TB"
 
 
 def default_dst(src: str | Path) -> Path:
@@ -148,7 +140,7 @@ def _check_dst(src: Path, dst: Path) -> dict[str, Any]:
     if dst.exists() and not dst.is_dir():
         raise OutputError(f"cannot stage into {dst}: it is a file, not a folder")
     stamp = _read_stamp(dst) if dst.is_dir() else None
-    if stamp is None and dst.is_dir() and any(dst.iterdir()):
+    if stamp is None and dst.is_dir() and any(not is_tmp_name(p) for p in dst.iterdir()):  # (a stage starting there: its stamp's temp)
         what = "a cache built there" if (dst / MANIFEST_NAME).exists() else "not empty"
         raise OutputError(f"cannot stage into {dst}: it is {what} and not a staged copy (no {STAMP_NAME}); choose a new or empty folder")
     return stamp or {"files": {}, "expected": []}
@@ -182,8 +174,8 @@ def _check_space(dst: Path, todo: list[_File], freed: int) -> None:
     if need > free:
         size = max(1, -(-int(need * 1.1) // (1 << 30)))
         raise OutputError(
-            f"not enough space to stage into {dst}: need {need} bytes ({_human(need)}), "
-            f"{free} bytes ({_human(free)}) available on its filesystem. Free space, choose another DST, "
+            f"not enough space to stage into {dst}: need {need} bytes ({human(need)}), "
+            f"{free} bytes ({human(free)}) available on its filesystem. Free space, choose another DST, "
             f"or mount a dedicated tmpfs: `{_MOUNT_ADVICE.format(size=size)}` and stage into /mnt/cache/{dst.name}"
         )
 
@@ -282,35 +274,52 @@ def stage_cache(src: str | Path, dst: str | Path | None = None, progress: bool =
     manifest = read_manifest(src)
     manifest_bytes = (src / MANIFEST_NAME).read_bytes()
     dst = Path(dst) if dst is not None else default_dst(src)
-    stamp = _check_dst(src, dst)
     files = _plan(src, manifest)
-    names = {f.name for f in files}
-    old = stamp["files"]
-    entries = {f.name: _entry(dst / f.name, f) for f in files if _is_current(dst / f.name, f, old.get(f.name), rehash)}
-    todo = [f for f in files if f.name not in entries]
-    manifest_current = _read_bytes(dst / MANIFEST_NAME) == manifest_bytes
-    if not todo and manifest_current:
+    if _compare(dst, files, _check_dst(src, dst), manifest_bytes, rehash)[2]:  # staged and current: nothing to lock
         return StageResult(src, dst, len(files), 0, sum(f.bytes for f in files), 0, time.perf_counter() - t0, False)
-    _check_structure(src, manifest, {f.shard for f in todo})  # before DST is touched
-    stale = (set(stamp.get("expected", [])) | set(old)) - names
-    _check_space(dst, todo, _held(dst, stale | {f.name for f in todo}))
     try:
-        dst.mkdir(parents=True, exist_ok=True)
-        _clean(dst, {MANIFEST_NAME} | stale | {f.name for f in todo})  # no manifest until all verify
-        _write_stamp(dst, src.resolve(), names, entries)
-        try:
-            faults = _copy_all(src, dst, todo, workers or min(4, os.cpu_count() or 1), progress, entries)
-        finally:
-            _write_stamp(dst, src.resolve(), names, entries)
-        if faults:
-            raise ShardCorruptError(f"{len(faults)} file(s) failed verification, {dst} left without a manifest: " + "; ".join(faults))
-        atomic_write_bytes(dst / MANIFEST_NAME, manifest_bytes)
+        with stage_lock(dst):  # one stage into DST at a time: the others wait, then find its copy current
+            return _stage_locked(src, dst, manifest, manifest_bytes, files, (progress, workers, rehash), t0)
     except OSError as exc:
         if isinstance(exc, CacheBuildError):
             raise
         if exc.filename and src.resolve() in Path(exc.filename).resolve().parents:
             raise OutputError(f"cannot read {exc.filename}: {exc.strerror}") from exc
         raise output_error(Path(exc.filename or dst), exc) from exc
+
+
+def _compare(dst: Path, files: list[_File], stamp: dict[str, Any], manifest_bytes: bytes, rehash: bool) -> tuple[dict[str, dict[str, Any]], list[_File], bool]:
+    """(stamp entries of the files DST already holds, the files to copy, whether DST is staged and current)."""
+    old = stamp["files"]
+    entries = {f.name: _entry(dst / f.name, f) for f in files if _is_current(dst / f.name, f, old.get(f.name), rehash)}
+    todo = [f for f in files if f.name not in entries]
+    return entries, todo, not todo and _read_bytes(dst / MANIFEST_NAME) == manifest_bytes
+
+
+def _stage_locked(src: Path, dst: Path, manifest: Manifest, manifest_bytes: bytes, files: list[_File], how: tuple[bool, int | None, bool], t0: float) -> StageResult:
+    """:func:`stage_cache` under DST's lock: compare again (another stage may have just staged it), check, copy."""
+    (progress, workers, rehash), stamp = how, _check_dst(src, dst)
+    entries, todo, current = _compare(dst, files, stamp, manifest_bytes, rehash)
+    if current:
+        return StageResult(src, dst, len(files), 0, sum(f.bytes for f in files), 0, time.perf_counter() - t0, False)
+    _check_structure(src, manifest, {f.shard for f in todo})  # before DST is written
+    names = {f.name for f in files}
+    stale = (set(stamp.get("expected", [])) | set(stamp["files"])) - names
+    _check_space(dst, todo, _held(dst, stale | {f.name for f in todo}))
+    _clean(dst, {MANIFEST_NAME} | stale | {f.name for f in todo})  # no manifest until all verify
+    _write_stamp(dst, src.resolve(), names, entries)
+    try:
+        faults = _copy_all(src, dst, todo, workers or min(4, os.cpu_count() or 1), progress, entries)
+    except BaseException:
+        try:
+            _write_stamp(dst, src.resolve(), names, entries)  # what did verify, for the rerun
+        except OSError:
+            pass  # (a full disk: the rerun re-hashes instead) the copy's own error is the one to report
+        raise
+    _write_stamp(dst, src.resolve(), names, entries)
+    if faults:
+        raise ShardCorruptError(f"{len(faults)} file(s) failed verification, {dst} left without a manifest: " + "; ".join(faults))
+    atomic_write_bytes(dst / MANIFEST_NAME, manifest_bytes)
     return StageResult(src, dst, len(files), len(todo), sum(f.bytes for f in files), sum(f.bytes for f in todo), time.perf_counter() - t0, True)
 
 
