@@ -185,3 +185,20 @@ def test_concurrent_stages_into_one_folder_copy_once_and_all_succeed(tmp_path: P
         results = list(pool.map(lambda _: stage_cache(src, dst, progress=False, workers=2), range(4)))
     assert sum(not r.already_staged for r in results) == 1  # one copied; the others waited and found it current
     assert verify_cache(dst).ok and not [p for p in dst.iterdir() if ".tmp-" in p.name]
+
+
+# -- a reader on a full disk: the lease file it could not create stopped it reading an intact cache
+def test_a_stream_reads_a_cache_on_a_disk_with_no_room_for_its_lease(tmp_path: Path, few_inodes: Path) -> None:
+    from loaders import ShardStream
+
+    subprocess.run(["mount", "-o", "remount,nr_inodes=400", str(few_inodes)], check=True)
+    root = few_inodes / "c"
+    build_toy(root, **OLD)
+    shutil.rmtree(root / "generations", ignore_errors=True)  # (never read before: no lease folder yet)
+    for i in range(400):  # take every free inode
+        try:
+            (few_inodes / f"f{i}").touch()
+        except OSError:
+            break
+    stream = ShardStream(root, view="records", batch_size=32, seed=1)  # was: ManifestError "cannot create the lease"
+    assert sum(len(b["ident"]) for b in stream) >= OLD["records"]

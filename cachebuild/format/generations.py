@@ -144,15 +144,17 @@ def take_lease(root: str | Path, generation: int) -> Lease:
     Waits while a prune holds the generation, then checks the generation is
     still there (its snapshot, or ``manifest.json`` at that generation); a
     pruned one is a :class:`ManifestError`. A cache folder this process cannot
-    write (a read-only copy) gets an empty lease: nothing can prune it either.
+    write (a read-only copy) gets an empty lease: nothing can prune it either. So
+    does a full disk (no room for the lease file or ``generations/``): the cache is
+    read all the same, unprotected from a prune run once space is freed.
     """
     path = lease_path(root, generation)
     try:
         path.parent.mkdir(exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return Lease(generation, None)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+            return Lease(generation, None)  # read-only, or a full disk: read it all the same, unleased
         raise ManifestError(f"cannot create the lease {path}: {exc.strerror}") from exc
     fcntl.flock(fd, fcntl.LOCK_SH)  # a prune holds it exclusively only while it deletes
     try:
