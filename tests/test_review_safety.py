@@ -6,6 +6,7 @@ size limit (``RLIMIT_FSIZE``, any Linux); every other case runs on the test's ow
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -202,3 +203,24 @@ def test_a_stream_reads_a_cache_on_a_disk_with_no_room_for_its_lease(tmp_path: P
             break
     stream = ShardStream(root, view="records", batch_size=32, seed=1)  # was: ManifestError "cannot create the lease"
     assert sum(len(b["ident"]) for b in stream) >= OLD["records"]
+
+
+# -- --append onto a manifest whose numbering points back into its own shards: it replaced them
+@pytest.mark.parametrize("key, value", [("next_shard", 0), ("next_record", 0), ("next_shard", "9")])
+def test_append_refuses_numbering_that_would_replace_listed_shards(tmp_path: Path, key: str, value: object) -> None:
+    from cachebuild import build
+    from cachebuild.testing import ToySource
+
+    def grow(root: Path) -> object:
+        return build(ToySource(), root, records=100, seed=0, shard_mb=0.02, progress=False, workers=1, append=True)
+
+    root = tmp_path / "c"
+    build_toy(root, **OLD)
+    grow(root)
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["build"][key] = value  # (a damaged or foreign manifest: verify reads it fine, it is only the builder's)
+    (root / "manifest.json").write_text(json.dumps(doc))
+    before = _files(root)
+    with pytest.raises(ManifestError, match=rf"manifest.json: build.{key} = {value!r}, .*nothing was changed"):
+        grow(root)
+    assert _files(root) == before and verify_cache(root).ok

@@ -31,6 +31,7 @@ from dataclasses import replace
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from cachebuild.builder.output import LocalOutput, open_output
 from cachebuild.builder.plan import ShardSpec, plan_shards
 from cachebuild.builder.source import RecordSource
 from cachebuild.checks import MAX_SHARDS
-from cachebuild.errors import CacheMismatchError, ConfigError
+from cachebuild.errors import CacheMismatchError, ConfigError, ManifestError
 from cachebuild.format.atomic import is_tmp_name
 from cachebuild.format.generations import GENERATIONS_DIR, generation_of, generation_seed
 from cachebuild.format.limits import MAX_MEMBER_BYTES
@@ -96,11 +97,27 @@ def _check_recipe(manifest: Manifest, doc: dict[str, Any], where: str) -> None:
         raise CacheMismatchError(f"{where} holds a cache of another recipe ({differs}); an append must use the cache's own recipe and seed")
 
 
-def _plan(manifest: Manifest, per_shard: int, records: int) -> list[ShardSpec]:
+def _next_numbers(manifest: Manifest, where: str) -> tuple[int, int]:
+    """``build.next_shard`` and ``next_record``, checked against the shards listed: numbering that would reuse a
+    listed shard's name or record ids (a damaged or foreign manifest) is refused, since the append would
+    replace that shard's files."""
+    build, last = manifest.build, -1
+    for s in manifest.shards:
+        if re.fullmatch(r"shard-\d{5,}\.tar", s.name) is None:
+            raise ManifestError(f"{where}/{MANIFEST_NAME}: lists shard {s.name!r}, not named shard-NNNNN.tar as cachebuild names them; an append cannot number after it: nothing was changed")
+        last = max(last, int(s.name[6:-4]))
+    next_shard, next_record = build.get("next_shard", len(manifest.shards)), build.get("next_record", manifest.records)
+    end = int(build.get("first_record", 0)) + manifest.records
+    if type(next_shard) is not int or next_shard <= last:
+        raise ManifestError(f"{where}/{MANIFEST_NAME}: build.next_shard = {next_shard!r}, but shard-{last:05d}.tar is listed; an append would replace its files: nothing was changed")
+    if type(next_record) is not int or next_record != end:
+        raise ManifestError(f"{where}/{MANIFEST_NAME}: build.next_record = {next_record!r}, but the listed records end at {end}; an append would reuse record ids: nothing was changed")
+    return next_shard, next_record
+
+
+def _plan(manifest: Manifest, per_shard: int, records: int, where: str) -> list[ShardSpec]:
     """The new generation's shards: shard numbers and record ids continue the cache's."""
-    build = manifest.build
-    next_shard = int(build.get("next_shard", len(manifest.shards)))
-    next_record = int(build.get("next_record", manifest.records))
+    next_shard, next_record = _next_numbers(manifest, where)
     specs = [ShardSpec(next_shard + s.index, next_record + s.start, next_record + s.stop) for s in plan_shards(records, per_shard)]
     if specs[-1].index >= MAX_SHARDS:
         raise ConfigError(f"this append would number shards up to {specs[-1].index}, past the limit of {MAX_SHARDS}: append more records at a time (larger shards)")
@@ -159,7 +176,7 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
     _check_recipe(manifest, base_doc, str(out.path))
     generation = generation_of(manifest) + 1
     seed = generation_seed(manifest.seed, generation)
-    plan = _plan(manifest, per_shard, opts.records)
+    plan = _plan(manifest, per_shard, opts.records, str(out.path))
     doc = {**base_doc, "generation": generation, "generation_seed": seed, "first_shard": plan[0].index, "first_record": plan[0].start}
     fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
     _start(out, manifest, doc, fingerprint, opts.sync)
