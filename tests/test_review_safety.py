@@ -224,3 +224,27 @@ def test_append_refuses_numbering_that_would_replace_listed_shards(tmp_path: Pat
     with pytest.raises(ManifestError, match=rf"manifest.json: build.{key} = {value!r}, .*nothing was changed"):
         grow(root)
     assert _files(root) == before and verify_cache(root).ok
+
+
+# -- a stranger's cache whose lock or lease file is a symbolic link out of it: followed, it was written
+def test_a_build_lock_that_is_a_link_is_refused_not_followed(tmp_path: Path) -> None:
+    root, victim = tmp_path / "c", tmp_path / "victim.txt"
+    build_toy(root, **OLD)
+    victim.write_text("the user's own file")
+    (root / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(OutputError, match="is a symbolic link, not cachebuild's build lock"):
+        prune_cache(root)  # was: the victim truncated and overwritten with the holder's pid and host
+    assert victim.read_text() == "the user's own file"
+
+
+def test_a_lease_that_is_a_dangling_link_creates_nothing_outside_the_cache(tmp_path: Path) -> None:
+    from loaders import ShardStream
+
+    root, outside = tmp_path / "c", tmp_path / "outside.lock"
+    build_toy(root, **OLD)
+    (root / "generations").mkdir(exist_ok=True)
+    (root / "generations" / "gen-00000.lock").unlink(missing_ok=True)
+    (root / "generations" / "gen-00000.lock").symlink_to(outside)
+    with pytest.raises(ManifestError, match="is a symbolic link, not a lease file"):
+        ShardStream(root, view="records", batch_size=32)  # was: created the link's target, outside the cache
+    assert not outside.exists()

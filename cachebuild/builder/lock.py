@@ -44,8 +44,10 @@ def _acquire(folder: Path) -> int:
     path = folder / LOCK_NAME
     for _ in range(100):
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a link there (a stranger's cache) is never followed
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OutputError(f"{path} is a symbolic link, not cachebuild's build lock (a plain file it writes): delete it, then rerun") from exc
             raise OutputError(f"cannot create the build lock {path}: {exc.strerror}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

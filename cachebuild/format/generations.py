@@ -151,7 +151,9 @@ def take_lease(root: str | Path, generation: int) -> Lease:
     path = lease_path(root, generation)
     try:
         path.parent.mkdir(exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lease(path)
+    except ManifestError:
+        raise
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
             return Lease(generation, None)  # read-only, or a full disk: read it all the same, unleased
@@ -177,10 +179,20 @@ def _present(root: str | Path, generation: int) -> bool:
         return False
 
 
+def _open_lease(path: Path) -> int:
+    """The lease file, created if needed; a symbolic link there (a stranger's cache) is refused, never followed."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ManifestError(f"{path} is a symbolic link, not a lease file (a plain file cachebuild makes): delete it") from exc
+        raise
+
+
 def try_exclusive(root: str | Path, generation: int) -> int | None:
     """An exclusive lock on the generation's lease file if no reader holds it (a descriptor), else None."""
     path = lease_path(root, generation)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lease(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
