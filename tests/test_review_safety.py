@@ -248,3 +248,16 @@ def test_a_lease_that_is_a_dangling_link_creates_nothing_outside_the_cache(tmp_p
     with pytest.raises(ManifestError, match="is a symbolic link, not a lease file"):
         ShardStream(root, view="records", batch_size=32)  # was: created the link's target, outside the cache
     assert not outside.exists()
+
+
+def test_a_link_at_a_temporary_name_is_replaced_not_written_through(tmp_path: Path) -> None:
+    root, victim = tmp_path / "c", tmp_path / "victim.txt"
+    build_toy(root, **OLD)  # (workers=1: shards are written by this process, under its pid)
+    before = _files(root)
+    (root / "shard-00001.tar").unlink()  # a cache that lost a file: the rerun rebuilds it
+    victim.write_text("the user's own file")
+    for name in ("shard-00001.tar", "shard-00001.idx.npy", "build.json"):
+        (root / f"{name}.tmp-{os.getpid()}").symlink_to(victim)  # planted where the writers put their temporaries
+    summary = build_toy(root, **OLD)
+    assert summary.built == 1 and victim.read_text() == "the user's own file"  # was: the shard's bytes written into it
+    assert not (root / "shard-00001.tar").is_symlink() and _files(root) == before and verify_cache(root).ok

@@ -5,10 +5,11 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 from cachebuild.errors import OutputError
 
-__all__ = ["atomic_write_bytes", "fsync_dir", "tmp_name", "is_tmp_name", "output_error"]
+__all__ = ["atomic_write_bytes", "fsync_dir", "tmp_name", "is_tmp_name", "open_tmp", "output_error"]
 
 _TMP_MARK = ".tmp-"
 
@@ -21,6 +22,14 @@ def tmp_name(final: Path) -> Path:
 def is_tmp_name(path: Path) -> bool:
     """True for leftovers of an interrupted atomic write."""
     return _TMP_MARK in path.name
+
+
+def open_tmp(path: Path, buffering: int = -1) -> BinaryIO:
+    """Open the temporary file ``path`` for writing as a new plain file: whatever has its name (a leftover,
+    or a link planted in a stranger's cache) is removed first, never followed."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    return os.fdopen(fd, "wb", buffering=buffering)
 
 
 def fsync_dir(folder: Path) -> None:
@@ -52,7 +61,7 @@ def atomic_write_bytes(path: Path, data: bytes, sync: bool = True) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
     tmp = tmp_name(path)
     try:
-        with open(tmp, "wb") as fh:
+        with open_tmp(tmp) as fh:
             fh.write(data)
             if sync:
                 fh.flush()

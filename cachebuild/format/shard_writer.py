@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from cachebuild.format.atomic import fsync_dir, output_error, tmp_name
+from cachebuild.format.atomic import fsync_dir, open_tmp, output_error, tmp_name
 from cachebuild.format.codec import Codec
 from cachebuild.format.index import INDEX_DTYPE, compress_index, index_bytes
 from cachebuild.format.manifest import ShardEntry
@@ -93,7 +93,7 @@ class ShardWriter:
         self._ranks: np.ndarray | None = None  # each field's number of dims, set by the first record
         self._rank_key = ""
         try:
-            self._fh = open(self._tmp, "wb", buffering=0)
+            self._fh = open_tmp(self._tmp, buffering=0)
         except OSError as exc:
             raise output_error(self._final, exc) from exc
 
@@ -258,7 +258,7 @@ class ShardWriter:
             if sync:
                 os.fsync(self._fh.fileno())
             self._fh.close()
-            with open(idx_tmp, "wb") as fh:
+            with open_tmp(idx_tmp) as fh:
                 fh.write(idx_data)
                 if sync:
                     fh.flush()

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from cachebuild.builder.markers import file_sha256
 from cachebuild.errors import CacheBuildError, ConfigError, OutputError, ShardCorruptError
-from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name, output_error, tmp_name
+from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name, open_tmp, output_error, tmp_name
 from cachebuild.format.generations import GENERATIONS_DIR
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from cachebuild.format.reader import ShardSet
@@ -183,7 +183,7 @@ def _check_space(dst: Path, todo: list[_File], freed: int) -> None:
 def _copy_file(src: Path, dst: Path, on_bytes: Callable[[int], None], stop: threading.Event) -> None:
     """Copy ``src`` to ``dst`` in chunks (in-kernel ``sendfile`` on Linux), reporting progress."""
     kernel = sys.platform.startswith("linux")
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
+    with open(src, "rb") as fi, open_tmp(dst) as fo:
         while True:
             if stop.is_set():
                 raise InterruptedError(f"staging stopped while copying {src.name}")
