@@ -261,3 +261,30 @@ def test_a_link_at_a_temporary_name_is_replaced_not_written_through(tmp_path: Pa
     summary = build_toy(root, **OLD)
     assert summary.built == 1 and victim.read_text() == "the user's own file"  # was: the shard's bytes written into it
     assert not (root / "shard-00001.tar").is_symlink() and _files(root) == before and verify_cache(root).ok
+
+
+@pytest.mark.parametrize("folder", ["generations", STAGING_DIR])
+def test_a_cache_folder_that_is_a_link_out_of_the_cache_is_refused(tmp_path: Path, folder: str) -> None:
+    from loaders import ShardStream
+
+    root, outside = tmp_path / "c", tmp_path / "outside"
+    build_toy(root, **OLD)
+    shutil.rmtree(root / folder, ignore_errors=True)
+    outside.mkdir()
+    (root / folder).symlink_to(outside)
+    if folder == "generations":  # was: the reader made its lease file in the link's target
+        with pytest.raises(ManifestError, match="generations is a symbolic link"):
+            ShardStream(root, view="records", batch_size=32)
+        with pytest.raises(ManifestError, match="generations is a symbolic link"):
+            build(root, append=True)
+    else:  # was: the staged build written into the link's target
+        with pytest.raises(OutputError, match="overwrite is a symbolic link"):
+            build_toy(root, **NEW, overwrite=True)
+    assert list(outside.iterdir()) == [] and verify_cache(root).ok
+
+
+def build(root: Path, **kw: object) -> object:
+    from cachebuild import build as build_api
+    from cachebuild.testing import ToySource
+
+    return build_api(ToySource(), root, records=100, seed=0, shard_mb=0.02, progress=False, workers=1, **kw)

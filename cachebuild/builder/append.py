@@ -51,7 +51,7 @@ from cachebuild.builder.source import RecordSource
 from cachebuild.checks import MAX_SHARDS
 from cachebuild.errors import CacheMismatchError, ConfigError, ManifestError
 from cachebuild.format.atomic import is_tmp_name
-from cachebuild.format.generations import GENERATIONS_DIR, generation_of, generation_seed
+from cachebuild.format.generations import GENERATIONS_DIR, generation_of, generation_seed, generations_dir
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
 
@@ -223,7 +223,7 @@ def _start(out: LocalOutput, manifest: Manifest, doc: dict[str, Any], fingerprin
     previous = read_json(out.path / APPEND_RECORD)
     if previous is not None and previous.get("fingerprint") != fingerprint:
         discard_unfinished(out.path, manifest)
-    (out.path / GENERATIONS_DIR).mkdir(exist_ok=True)
+    generations_dir(out.path).mkdir(exist_ok=True)  # (a link there is refused, not followed)
     for folder in (out.path, out.path / GENERATIONS_DIR):  # half-written files of a killed writer (we hold the lock)
         for path in folder.iterdir():
             if is_tmp_name(path):

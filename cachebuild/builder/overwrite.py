@@ -50,6 +50,7 @@ from typing import Callable, Iterator
 from cachebuild.builder.lock import LOCK_NAME
 from cachebuild.builder.markers import BUILD_RECORD, STAGING_DIR, done_name, is_ours, manifest_damaged
 from cachebuild.builder.output import LocalOutput, Output
+from cachebuild.errors import OutputError
 from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 
@@ -60,7 +61,12 @@ SWAP_RECORD = "swap.json"
 
 
 def _staging(root: Output) -> Output:
-    return root.child(STAGING_DIR)
+    """The staging folder; a symbolic link there (a stranger's cache) is refused: the staged build, its swap
+    and its removal stay inside the cache, never through a link to elsewhere."""
+    staging = root.child(STAGING_DIR)
+    if isinstance(staging, LocalOutput) and staging.path.is_symlink():
+        raise OutputError(f"{staging.path} is a symbolic link, not cachebuild's staging folder: delete it, then rerun")
+    return staging
 
 
 def staged_fingerprint(root: Output) -> str | None:

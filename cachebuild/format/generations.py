@@ -43,6 +43,7 @@ from cachebuild.format.manifest import Manifest, read_manifest
 
 __all__ = [
     "GENERATIONS_DIR",
+    "generations_dir",
     "GROWN_VERSION",
     "generation_of",
     "generation_seed",
@@ -77,14 +78,23 @@ def generation_seed(seed: int, generation: int) -> int:
     return int((int(words[0]) << 32 | int(words[1])) & ((1 << 63) - 1))
 
 
+def generations_dir(root: str | Path) -> Path:
+    """``root/generations``; a symbolic link there (a stranger's cache) is refused: snapshots and leases are
+    read and made inside the cache, never through a link to elsewhere."""
+    folder = Path(root) / GENERATIONS_DIR
+    if folder.is_symlink():
+        raise ManifestError(f"{folder} is a symbolic link, not the cache's own folder of generations: delete it")
+    return folder
+
+
 def snapshot_path(root: str | Path, generation: int) -> Path:
     """``root/generations/gen-NNNNN.json``: generation ``generation``'s manifest as committed."""
-    return Path(root) / GENERATIONS_DIR / f"gen-{generation:05d}.json"
+    return generations_dir(root) / f"gen-{generation:05d}.json"
 
 
 def lease_path(root: str | Path, generation: int) -> Path:
     """``root/generations/gen-NNNNN.lock``: the file readers of that generation hold a shared lock on."""
-    return Path(root) / GENERATIONS_DIR / f"gen-{generation:05d}.lock"
+    return generations_dir(root) / f"gen-{generation:05d}.lock"
 
 
 def read_generation(root: str | Path, generation: int) -> Manifest:
