@@ -288,3 +288,14 @@ def build(root: Path, **kw: object) -> object:
     from cachebuild.testing import ToySource
 
     return build_api(ToySource(), root, records=100, seed=0, shard_mb=0.02, progress=False, workers=1, **kw)
+
+
+# -- a folder of the user's named shard-* in the cache folder: prune died on it, the swap deleted it
+def test_prune_and_the_swap_keep_a_users_folder_named_like_a_shard(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    build_toy(root, **OLD)
+    (root / "shard-notes").mkdir()
+    (root / "shard-notes" / "readme.txt").write_text("mine")
+    prune_cache(root)  # was: IsADirectoryError (a traceback from `cachebuild prune`)
+    build_toy(root, **NEW, overwrite=True)  # was: the swap's rmtree of every shard-* name not in the new cache
+    assert (root / "shard-notes" / "readme.txt").read_text() == "mine" and verify_cache(root).ok

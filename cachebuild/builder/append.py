@@ -237,7 +237,7 @@ def discard_unfinished(root: Path, manifest: Manifest) -> list[str]:
     removed = []
     for path in sorted(root.glob("shard-*")):
         number = path.name[len("shard-") :].split(".", 1)[0]
-        if number.isdigit() and int(number) >= first:
+        if number.isdigit() and int(number) >= first and not (path.is_dir() and not path.is_symlink()):  # (a user's folder: kept)
             path.unlink(missing_ok=True)
             removed.append(path.name)
     (root / APPEND_RECORD).unlink(missing_ok=True)

@@ -52,6 +52,7 @@ from cachebuild.builder.markers import BUILD_RECORD, STAGING_DIR, done_name, is_
 from cachebuild.builder.output import LocalOutput, Output
 from cachebuild.errors import OutputError
 from cachebuild.format.atomic import is_tmp_name, output_error
+from cachebuild.format.generations import GENERATIONS_DIR
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 
 __all__ = ["STAGING_DIR", "SWAP_RECORD", "staged_fingerprint", "staged_note", "open_staging", "drop_redundant_staging", "discard_unstarted", "swap_in", "swap_steps", "finish_swap"]
@@ -151,13 +152,19 @@ def _move_in(root: Output, staging: Output) -> Iterator[str]:
         yield f"moved {name}"
     keep = new | {MANIFEST_NAME, LOCK_NAME, STAGING_DIR}
     for name in root.names():
-        if is_ours(name) and name not in keep:
+        if is_ours(name) and name not in keep and not _users_folder(root, name):
             root.remove(name)
             yield f"removed {name}"
     root.flush()
     staging.move_to(MANIFEST_NAME, root)
     root.flush()
     yield "manifest in place"
+
+
+def _users_folder(root: Output, name: str) -> bool:
+    """A folder of the cache folder that cachebuild did not make (it makes only ``generations/``): kept by the swap."""
+    p = root.path / name if isinstance(root, LocalOutput) else None
+    return p is not None and name != GENERATIONS_DIR and p.is_dir() and not p.is_symlink()
 
 
 def swap_steps(root: Output) -> Iterator[str]:

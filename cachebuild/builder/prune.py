@@ -92,6 +92,8 @@ def prune_unlocked(root: str | Path) -> PruneReport:
 
 
 def _remove(path: Path, report: PruneReport) -> None:
+    if path.is_dir() and not path.is_symlink():
+        return  # cachebuild makes no folder named shard-*: a user's, kept
     try:
         size = path.stat().st_size
         path.unlink()
