@@ -1,0 +1,269 @@
+"""``TwinsContext``: the graph context of ``twins`` batches made with ``compact="pool"``, held once per pool.
+
+A ``compact="pool"`` batch (:mod:`loaders.views.twins`) carries no graph context,
+only where each row's graph lies in the epoch's mixing pools (``pool``,
+``pool_index``), its ``int_index``, ``row_index``, ``is_pad``, and ``plan``:
+the plan's fingerprint, the epoch and the global batch number. The consumer
+holds the context instead, in this object:
+
+* **What it holds**: the decoded, padded graphs (``base``, ``int``, ``adj``,
+  ``targets``, ``values``, ``n``, record ids; ``delta`` when it is read) of the
+  pools the current batch touches, in ``pool_span`` *regions* of ``pool_size``
+  graphs on ``device`` (the plan's numbers: a batch touches at most
+  ``pool_span`` pools, usually 2), plus at most one pool decoded ahead on the
+  host: never more than ``pool_span + 1`` pools (``max_held`` counts them).
+* **How it gets them**: from the batch's ``plan`` and the stream's own plan of
+  that epoch (:meth:`loaders.ShardStream.plan`) it knows the pools the batch
+  touches (the stream positions ``[b*B, (b+1)*B)``, cyclic); a pool it does not
+  hold is read from the cache in this process (``plan.pool_records(q)``, the
+  twins view's block decode, through a shard set of the stream's own kind, so
+  mixtures and remote caches read as the stream does) and copied into a region
+  no pool of the batch needs. Each pool is decoded once per epoch per consumer.
+* **Ahead of time**: after a batch, the pool after its last one is decoded on
+  one background thread (zstd releases the GIL), so the trainer does not wait
+  at pool boundaries; all decoding runs on that thread, one pool at a time (the
+  shard set is used by it alone), exceptions reach the caller of :meth:`load`.
+  Not across epochs: the first pool of an epoch is read when its first batch
+  comes (the next epoch's plan may read another generation).
+* **Stateless beyond its cache**: a batch names its plan, so mid-epoch resume,
+  DDP ranks (every rank's batches come from the same global plan), 0 or more
+  DataLoader workers and persistent workers need nothing else. A batch whose
+  plan fingerprint is not the one the stream plans for that epoch (another
+  generation of a growing cache, another seed or mixture) is a
+  :class:`~cachebuild.errors.CacheMismatchError`.
+
+:meth:`expand` rebuilds exactly the default ``twins`` keys by indexing on
+``device``. It reads the batch's ``plan`` (24 bytes) on the host: for a batch
+already on a CUDA device that read waits for the device; pass ``meta=``
+(:meth:`meta` of the host batch, taken before :func:`loaders.to_device`) to avoid it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from cachebuild.errors import CacheMismatchError
+from cachebuild.format.reader import ShardSet
+from loaders.batch import torch_dtype
+from loaders.plan import EpochPlan
+from loaders.stream import ShardStream
+from loaders.views.twins import decode_twins
+
+__all__ = ["TwinsContext", "batch_pools"]
+
+_Key = tuple[int, int]  # (plan fingerprint, pool)
+_Host = dict[str, torch.Tensor]
+
+
+def batch_pools(plan: EpochPlan, b: int) -> np.ndarray:
+    """The pools global batch ``b`` of a mixed ``plan`` touches, in stream order (cyclic: the epoch's
+    last batches wrap to its first pool)."""
+    if plan.pools is None or plan.pool_items is None:
+        raise ValueError("a plan without mixing pools (shuffle=False or mix=None) has no pools to hold")
+    Q, B, total = len(plan.pools) - 1, plan.batch_size, plan.total
+    if B >= total:
+        return np.arange(Q, dtype=np.int64)
+    a, z = (b * B) % total, (b * B + B - 1) % total
+    qa, qz = (int(np.searchsorted(plan.pool_items, p, side="right")) - 1 for p in (a, z))
+    if z >= a:
+        return np.arange(qa, qz + 1, dtype=np.int64)
+    if qz >= qa:  # wrapped onto the pools it started in: every pool
+        return np.arange(Q, dtype=np.int64)
+    return np.concatenate([np.arange(qa, Q), np.arange(0, qz + 1)]).astype(np.int64)
+
+
+class TwinsContext:
+    """The decoded pools that ``compact="pool"`` batches of ``stream`` point into (see the module docstring).
+
+    Args:
+        stream: the :class:`loaders.ShardStream` (or a :func:`loaders.make_loader` loader of it)
+            whose batches are expanded; its plan says where the rows' graphs lie.
+        device: where the context lives and :meth:`expand` builds the keys.
+        prefetch: decode the next pool in the background after each batch.
+        threads: zstd threads of a pool's decode.
+    """
+
+    def __init__(self, stream: Any, device: str | torch.device = "cpu", prefetch: bool = True, threads: int = 1):
+        stream = getattr(stream, "stream", stream)  # a StreamLoader: the stream the trainer holds
+        view = stream.view
+        if getattr(view, "name", None) != "twins" or getattr(view, "compact", None) != "pool":
+            raise ValueError(f"TwinsContext needs a ShardStream(view='twins', compact='pool'); this one is view={stream.config.view!r} with options {stream.config.options}")
+        if not stream.config.shuffle:
+            raise ValueError("TwinsContext: compact='pool' needs a mixed plan, and shuffle=False has no pools")
+        self.stream: ShardStream = stream
+        self.device = torch.device(device)
+        self.prefetch = prefetch
+        self.threads = int(threads)
+        self._dims = self._view_dims()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="twins-context")
+        self._shards: ShardSet | None = None
+        self._shards_of: tuple[int, ...] = ()
+        self._regions: dict[str, torch.Tensor] = {}
+        self._held: list[_Key | None] = []  # the pool in each region
+        self._size = 0
+        self._lut = torch.zeros(0, dtype=torch.int64, device=self.device)  # pool -> its first row in the regions, -1: not held
+        self._lut_plan = 0
+        self._pending: tuple[_Key, Future[_Host]] | None = None
+        self.loads = 0  # pools decoded by this object
+        self.max_held = 0  # the most pools held at once (regions in use + one decoded ahead)
+
+    def _view_dims(self) -> tuple[Any, ...]:
+        v: Any = self.stream.view
+        return (v.s, v.k_max, v.n_max, v.delta, tuple(v._decode))
+
+    # ---- reading the batch
+    @staticmethod
+    def meta(batch: Mapping[str, Any]) -> tuple[int, int, int]:
+        """``(plan fingerprint, epoch, global batch)`` of a ``compact="pool"`` batch (read on the host)."""
+        fingerprint, epoch, b = (int(x) for x in batch["plan"].tolist())
+        return fingerprint, epoch, b
+
+    def load(self, batch: Mapping[str, Any] | None = None, meta: tuple[int, int, int] | None = None) -> torch.Tensor:
+        """Hold every pool the batch touches (decoding those not held); returns the pool -> first row table on ``device``."""
+        if meta is None:
+            if batch is None:
+                raise ValueError("TwinsContext.load needs a batch or its meta")
+            meta = self.meta(batch)
+        fingerprint, epoch, b = meta
+        plan = self._plan(epoch, fingerprint)
+        need = batch_pools(plan, b)
+        pools = len(plan.pool_items) - 1 if plan.pool_items is not None else 0
+        if (plan.pool_size, plan.pool_span) != (self._size, len(self._held)):
+            self._allocate(plan.pool_size, plan.pool_span)
+        if self._lut_plan != fingerprint:  # a new epoch (or generation): its own pools
+            self._lut = torch.full((pools,), -1, dtype=torch.int64, device=self.device)
+            self._lut_plan = fingerprint
+            self._held = [None] * len(self._held)
+        keys = {(fingerprint, int(q)) for q in need}
+        for q in need.tolist():
+            if (fingerprint, q) not in self._held:
+                self._place(plan, fingerprint, q, keys)
+        if self.prefetch and need[-1] >= need[0] and need[-1] + 1 < pools:  # (not past a wrap to the epoch's start)
+            self._ahead(plan, fingerprint, int(need[-1]) + 1)
+        self.max_held = max(self.max_held, sum(k is not None for k in self._held) + (self._pending is not None))
+        return self._lut
+
+    def _plan(self, epoch: int, fingerprint: int) -> EpochPlan:
+        plan = self.stream.plan(epoch)
+        if plan.fingerprint() != fingerprint:
+            raise CacheMismatchError(
+                f"twins batch of epoch {epoch} was planned as {fingerprint:#x}, but {self.stream.root} plans epoch {epoch} as {plan.fingerprint():#x} "
+                f"(another generation of the cache, seed or mixture?): build the TwinsContext from the stream the batches came from"
+            )
+        if self._view_dims() != self._dims:
+            raise CacheMismatchError(f"{self.stream.root} now reads graphs of other shapes than when this TwinsContext was made (a grown cache?): make a new ShardStream and TwinsContext")
+        return plan
+
+    # ---- holding pools
+    def _allocate(self, size: int, span: int) -> None:
+        """Regions for ``span`` pools of ``size`` graphs (what a batch of the plan can touch); forgets what was held."""
+        self._drain()
+        fields = self._fields()
+        self._regions = {k: torch.zeros((span * size,) + f.shape, dtype=torch_dtype(f.dtype), device=self.device) for k, f in fields.items()}
+        self._regions["record_id"] = torch.full((span * size,), -1, dtype=torch.int64, device=self.device)
+        self._held, self._size, self._lut_plan = [None] * span, size, 0
+
+    def _place(self, plan: EpochPlan, fingerprint: int, q: int, keep: set[_Key]) -> None:
+        """Pool ``q`` into a region no pool of ``keep`` (the batch's) is in."""
+        host = self._decoded(plan, fingerprint, q)
+        r = next(i for i, k in enumerate(self._held) if k not in keep)
+        old = self._held[r]
+        if old is not None and old[0] == fingerprint:
+            self._lut[old[1]] = -1
+        lo = r * self._size
+        m = len(host["record_id"])
+        for name, region in self._regions.items():
+            region[lo : lo + m].copy_(host[name], non_blocking=True)  # pinned host memory: freed once copied (torch's host allocator)
+        self._held[r] = (fingerprint, q)
+        self._lut[q] = lo
+
+    def _decoded(self, plan: EpochPlan, fingerprint: int, q: int) -> _Host:
+        """Pool ``q`` decoded on the host: the one decoded ahead, or decoded now (on the decode thread)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == (fingerprint, q):
+            return pending[1].result()
+        if pending is not None:
+            pending[1].result()  # a guess that missed (a resume, a jump): finished and dropped, so at most one pool is on the host
+        return self._submit(plan, q).result()
+
+    def _ahead(self, plan: EpochPlan, fingerprint: int, q: int) -> None:
+        if (fingerprint, q) in self._held or self._pending is not None:
+            return
+        self._pending = ((fingerprint, q), self._submit(plan, q))
+
+    def _submit(self, plan: EpochPlan, q: int) -> Future[_Host]:
+        ids = plan.pool_records(q).copy()
+        shards = self._shard_set()
+        pin = self.device.type == "cuda"
+        self.loads += 1
+        return self._thread.submit(_decode_pool, shards, ids, self._fields(), list(self._dims[4]), self.threads, pin)
+
+    def _fields(self) -> dict[str, Any]:
+        view: Any = self.stream.view
+        return dict(view.fields)
+
+    def _shard_set(self) -> ShardSet:
+        """The shard set the decode thread reads (reopened when the stream reads other generations)."""
+        if self._shards is None or self._shards_of != self.stream.generations:
+            self._drain()
+            if self._shards is not None:
+                self._shards.close()
+            self._shards, self._shards_of = self.stream._new_shard_set(), self.stream.generations
+        return self._shards
+
+    def _drain(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[1].result()
+
+    def held(self) -> list[tuple[int, int]]:
+        """``(plan fingerprint, pool)`` of every pool in a region now."""
+        return [k for k in self._held if k is not None]
+
+    # ---- the default keys
+    def expand(self, batch: Mapping[str, Any], meta: tuple[int, int, int] | None = None) -> dict[str, torch.Tensor]:
+        """The default ``twins`` keys of a ``compact="pool"`` batch, built on ``device`` by indexing the held pools."""
+        lut = self.load(batch, meta)
+        S, K, N = self._dims[:3]
+        d, R = self.device, self._regions
+        g = lut[batch["pool"].to(d).long()] + batch["pool_index"].to(d).long()  # each row's graph in the regions
+        k, j = batch["int_index"].to(d).long(), batch["row_index"].to(d).long()
+        world = g * K + k
+        out = {"target_row": R["base"].view(-1, N)[g * S + j], "int_row": R["int"].view(-1, N)[world * S + j]}
+        out["delta"] = R["delta"].view(-1, N)[world * S + j] if "delta" in R else out["int_row"] - out["target_row"]
+        node = R["targets"].view(-1)[world]
+        out["int_mask"] = torch.zeros((len(g), N), dtype=torch.float32, device=d).scatter_(1, node[:, None], 1.0)
+        out.update(int_node_idx=node, value=R["values"].view(-1)[world], int_index=k, row_index=j)
+        out.update(base_samples=R["base"][g], int_samples=R["int"].view(-1, S, N)[world], adj=R["adj"][g])
+        n = R["n"][g]
+        out.update(node_mask=torch.arange(N, device=d)[None, :] < n[:, None], n=n, graph_id=R["record_id"][g])
+        out["is_pad"] = batch["is_pad"].to(d)
+        return out
+
+    # ---- lifetime
+    def close(self) -> None:
+        """Stop the decode thread, free the pools, close the shard set."""
+        self._pending = None
+        self._thread.shutdown(wait=True)
+        if self._shards is not None:
+            self._shards.close()
+            self._shards = None
+        self._regions, self._held = {}, []
+
+    def __enter__(self) -> "TwinsContext":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _decode_pool(shards: ShardSet, ids: np.ndarray, fields: Mapping[str, Any], decode: list[str], threads: int, pin: bool) -> _Host:
+    """The graphs ``ids`` (one pool) decoded and padded on the host (pinned for a CUDA context), with their record ids."""
+    host = {k: torch.zeros((len(ids),) + f.shape, dtype=torch_dtype(f.dtype), pin_memory=pin) for k, f in fields.items()}
+    decode_twins(shards, ids, decode, threads, {k: t.numpy() for k, t in host.items()}, np.arange(len(ids), dtype=np.int64))
+    host["record_id"] = torch.from_numpy(ids).pin_memory() if pin else torch.from_numpy(ids)
+    return host
