@@ -91,7 +91,7 @@ class TwinsContext:
         stream = getattr(stream, "stream", stream)  # a StreamLoader: the stream the trainer holds
         view = stream.view
         if getattr(view, "name", None) != "twins" or getattr(view, "compact", None) != "pool":
-            raise ValueError(f"TwinsContext needs a ShardStream(view='twins', compact='pool'); this one is view={stream.config.view!r} with options {stream.config.options}")
+            raise ValueError(f"TwinsContext needs a ShardStream(view='twins', compact='pool'); this one is view={stream.config.view!r} with options {stream.config.view_options}")
         if not stream.config.shuffle:
             raise ValueError("TwinsContext: compact='pool' needs a mixed plan, and shuffle=False has no pools")
         self.stream: ShardStream = stream
@@ -219,6 +219,11 @@ class TwinsContext:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending[1].result()
+
+    @property
+    def ahead(self) -> tuple[int, int] | None:
+        """``(plan fingerprint, pool)`` of the pool being decoded ahead, if any."""
+        return self._pending[0] if self._pending is not None else None
 
     def held(self) -> list[tuple[int, int]]:
         """``(plan fingerprint, pool)`` of every pool in a region now."""
