@@ -56,7 +56,6 @@ from loaders.views.twins import decode_twins
 __all__ = ["TwinsContext", "batch_pools"]
 
 _Key = tuple[int, int]  # (plan fingerprint, pool)
-_Host = dict[str, torch.Tensor]
 
 
 def batch_pools(plan: EpochPlan, b: int) -> np.ndarray:
@@ -102,14 +101,16 @@ class TwinsContext:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="twins-context")
         self._shards: ShardSet | None = None
         self._shards_of: tuple[int, ...] = ()
-        self._regions: dict[str, torch.Tensor] = {}
-        self._held: list[_Key | None] = []  # the pool in each region
+        self._regions: dict[str, torch.Tensor] = {}  # on the device
+        self._host: dict[str, torch.Tensor] = {}  # where pools are decoded (the regions themselves on the CPU)
+        self._copied: list[Any] = []  # per region: the CUDA event of its last copy to the device
+        self._held: list[_Key | None] = []  # the pool in each region (decoded, or being decoded)
         self._size = 0
         self._lut = torch.zeros(0, dtype=torch.int64, device=self.device)  # pool -> its first row in the regions, -1: not held
         self._lut_plan = 0
-        self._pending: tuple[_Key, Future[_Host]] | None = None
+        self._pending: tuple[_Key, int, Future[None]] | None = None  # the pool being decoded, its region
         self.loads = 0  # pools decoded by this object
-        self.max_held = 0  # the most pools held at once (regions in use + one decoded ahead)
+        self.max_held = 0  # the most pools held at once (decoded, or being decoded ahead)
 
     def _view_dims(self) -> tuple[Any, ...]:
         v: Any = self.stream.view
@@ -132,19 +133,25 @@ class TwinsContext:
         plan = self._plan(epoch, fingerprint)
         need = batch_pools(plan, b)
         pools = len(plan.pool_items) - 1 if plan.pool_items is not None else 0
-        if (plan.pool_size, plan.pool_span) != (self._size, len(self._held)):
-            self._allocate(plan.pool_size, plan.pool_span)
+        if (plan.pool_size, plan.pool_span + 1) != (self._size, len(self._held)):
+            self._allocate(plan.pool_size, plan.pool_span + 1)
         if self._lut_plan != fingerprint:  # a new epoch (or generation): its own pools
+            self._drain()
             self._lut = torch.full((pools,), -1, dtype=torch.int64, device=self.device)
             self._lut_plan = fingerprint
             self._held = [None] * len(self._held)
         keys = {(fingerprint, int(q)) for q in need}
         for q in need.tolist():
+            if self._ready(fingerprint, q):
+                continue
+            if self.ahead != (fingerprint, q):
+                self._submit(plan, fingerprint, q, keys)
+            self._place()
+        if self.prefetch and self._pending is None and need[-1] >= need[0] and need[-1] + 1 < pools:  # (not past a wrap to the epoch's start)
+            q = int(need[-1]) + 1
             if (fingerprint, q) not in self._held:
-                self._place(plan, fingerprint, q, keys)
-        if self.prefetch and need[-1] >= need[0] and need[-1] + 1 < pools:  # (not past a wrap to the epoch's start)
-            self._ahead(plan, fingerprint, int(need[-1]) + 1)
-        self.max_held = max(self.max_held, sum(k is not None for k in self._held) + (self._pending is not None))
+                self._submit(plan, fingerprint, q, keys)
+        self.max_held = max(self.max_held, sum(k is not None for k in self._held))
         return self._lut
 
     def _plan(self, epoch: int, fingerprint: int) -> EpochPlan:
@@ -159,48 +166,56 @@ class TwinsContext:
         return plan
 
     # ---- holding pools
-    def _allocate(self, size: int, span: int) -> None:
-        """Regions for ``span`` pools of ``size`` graphs (what a batch of the plan can touch); forgets what was held."""
+    def _allocate(self, size: int, regions: int) -> None:
+        """``regions`` regions of ``size`` graphs (the pools a batch can touch, and one decoded ahead); forgets what was held."""
         self._drain()
-        fields = self._fields()
-        self._regions = {k: torch.zeros((span * size,) + f.shape, dtype=torch_dtype(f.dtype), device=self.device) for k, f in fields.items()}
-        self._regions["record_id"] = torch.full((span * size,), -1, dtype=torch.int64, device=self.device)
-        self._held, self._size, self._lut_plan = [None] * span, size, 0
+        cuda = self.device.type == "cuda"
 
-    def _place(self, plan: EpochPlan, fingerprint: int, q: int, keep: set[_Key]) -> None:
-        """Pool ``q`` into a region no pool of ``keep`` (the batch's) is in."""
-        host = self._decoded(plan, fingerprint, q)
+        def alloc(device: torch.device | str, pin: bool = False) -> dict[str, torch.Tensor]:
+            out = {k: torch.zeros((regions * size,) + f.shape, dtype=torch_dtype(f.dtype), device=device, pin_memory=pin) for k, f in self._fields().items()}
+            out["record_id"] = torch.full((regions * size,), -1, dtype=torch.int64, device=device, pin_memory=pin)
+            return out
+
+        self._host = alloc("cpu", pin=cuda)
+        self._regions = alloc(self.device) if cuda else self._host
+        self._copied = [None] * regions
+        self._held, self._size, self._lut_plan = [None] * regions, size, 0
+
+    def _ready(self, fingerprint: int, q: int) -> bool:
+        """Pool ``q`` is decoded in a region (not being decoded)."""
+        return (fingerprint, q) in self._held and self.ahead != (fingerprint, q)
+
+    def _submit(self, plan: EpochPlan, fingerprint: int, q: int, keep: set[_Key]) -> None:
+        """Decode pool ``q`` on the decode thread (after the decode under way, one at a time), into a region no
+        pool of ``keep`` (the batch's) is in: ``pool_span + 1`` regions always have one (a batch touches at most
+        ``pool_span`` pools, ``q`` among them or the one after them)."""
+        self._drain()
         r = next(i for i, k in enumerate(self._held) if k not in keep)
         old = self._held[r]
-        if old is not None and old[0] == fingerprint:
+        if old is not None and old[0] == self._lut_plan:
             self._lut[old[1]] = -1
-        lo = r * self._size
-        m = len(host["record_id"])
-        for name, region in self._regions.items():
-            region[lo : lo + m].copy_(host[name], non_blocking=True)  # pinned host memory: freed once copied (torch's host allocator)
         self._held[r] = (fingerprint, q)
-        self._lut[q] = lo
-
-    def _decoded(self, plan: EpochPlan, fingerprint: int, q: int) -> _Host:
-        """Pool ``q`` decoded on the host: the one decoded ahead, or decoded now (on the decode thread)."""
-        pending, self._pending = self._pending, None
-        if pending is not None and pending[0] == (fingerprint, q):
-            return pending[1].result()
-        if pending is not None:
-            pending[1].result()  # a guess that missed (a resume, a jump): finished and dropped, so at most one pool is on the host
-        return self._submit(plan, q).result()
-
-    def _ahead(self, plan: EpochPlan, fingerprint: int, q: int) -> None:
-        if (fingerprint, q) in self._held or self._pending is not None:
-            return
-        self._pending = ((fingerprint, q), self._submit(plan, q))
-
-    def _submit(self, plan: EpochPlan, q: int) -> Future[_Host]:
         ids = plan.pool_records(q).copy()
-        shards = self._shard_set()
-        pin = self.device.type == "cuda"
         self.loads += 1
-        return self._thread.submit(_decode_pool, shards, ids, self._fields(), list(self._dims[4]), self.threads, pin)
+        host = {k: t.numpy() for k, t in self._host.items()}
+        zero = [k for k, f in self._fields().items() if f.zero]
+        done = self._thread.submit(_decode_pool, self._shard_set(), ids, list(self._dims[4]), self.threads, host, r * self._size, zero, self._copied[r])
+        self._pending = ((fingerprint, q), r, done)
+
+    def _place(self) -> None:
+        """Wait for the pool being decoded; on a device, copy its region there."""
+        assert self._pending is not None, "_place follows _submit"
+        (fingerprint, q), r, done = self._pending
+        self._pending = None
+        done.result()
+        lo, hi = r * self._size, (r + 1) * self._size
+        if self._regions is not self._host:
+            for name, region in self._regions.items():
+                region[lo:hi].copy_(self._host[name][lo:hi], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._copied[r] = event  # the next decode into this host region waits for the copy
+        self._lut[q] = lo
 
     def _fields(self) -> dict[str, Any]:
         view: Any = self.stream.view
@@ -216,9 +231,9 @@ class TwinsContext:
         return self._shards
 
     def _drain(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending[1].result()
+        """Finish the decode under way, and place its pool."""
+        if self._pending is not None:
+            self._place()
 
     @property
     def ahead(self) -> tuple[int, int] | None:
@@ -226,8 +241,8 @@ class TwinsContext:
         return self._pending[0] if self._pending is not None else None
 
     def held(self) -> list[tuple[int, int]]:
-        """``(plan fingerprint, pool)`` of every pool in a region now."""
-        return [k for k in self._held if k is not None]
+        """``(plan fingerprint, pool)`` of every pool decoded in a region now (not the one being decoded)."""
+        return [k for k in self._held if k is not None and k != self.ahead]
 
     # ---- the default keys
     def expand(self, batch: Mapping[str, Any], meta: tuple[int, int, int] | None = None) -> dict[str, torch.Tensor]:
@@ -252,12 +267,12 @@ class TwinsContext:
     # ---- lifetime
     def close(self) -> None:
         """Stop the decode thread, free the pools, close the shard set."""
-        self._pending = None
         self._thread.shutdown(wait=True)
+        self._pending = None
         if self._shards is not None:
             self._shards.close()
             self._shards = None
-        self._regions, self._held = {}, []
+        self._regions, self._host, self._held = {}, {}, []
 
     def __enter__(self) -> "TwinsContext":
         return self
@@ -266,9 +281,13 @@ class TwinsContext:
         self.close()
 
 
-def _decode_pool(shards: ShardSet, ids: np.ndarray, fields: Mapping[str, Any], decode: list[str], threads: int, pin: bool) -> _Host:
-    """The graphs ``ids`` (one pool) decoded and padded on the host (pinned for a CUDA context), with their record ids."""
-    host = {k: torch.zeros((len(ids),) + f.shape, dtype=torch_dtype(f.dtype), pin_memory=pin) for k, f in fields.items()}
-    decode_twins(shards, ids, decode, threads, {k: t.numpy() for k, t in host.items()}, np.arange(len(ids), dtype=np.int64))
-    host["record_id"] = torch.from_numpy(ids).pin_memory() if pin else torch.from_numpy(ids)
-    return host
+def _decode_pool(shards: ShardSet, ids: np.ndarray, decode: list[str], threads: int, host: dict[str, np.ndarray], lo: int, zero: list[str], copied: Any) -> None:
+    """Decode the graphs ``ids`` (one pool) into rows ``lo, lo+1, ...`` of the host ``host`` (its padded fields
+    ``zero`` zeroed first), with their record ids; after ``copied`` (the CUDA copy of the rows before), if any."""
+    if copied is not None:
+        copied.synchronize()
+    hi = lo + len(ids)
+    for k in zero:
+        host[k][lo:hi] = 0
+    decode_twins(shards, ids, decode, threads, host, np.arange(lo, hi, dtype=np.int64))
+    host["record_id"][lo:hi] = ids

@@ -84,7 +84,7 @@ from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
-from loaders.plan import BatchItems
+from loaders.plan import BatchItems, EpochPlan
 from loaders.pools import distinct
 from loaders.pools import DEFAULT_MIX, chunk_lengths, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, pad_mask, require_fields, resolve_delta
@@ -96,6 +96,7 @@ _ROW_KEYS = ("target_row", "int_row", "delta", "int_mask", "int_node_idx", "valu
 
 DEFAULT_TWIN_CHUNK = 8
 TWIN_CHUNKS_PER_BATCH = 512
+_NO_POOLS = "view 'twins': compact='pool' needs a mixed plan (shuffle=True and mix set); this plan has no pools"
 POOL_KEYS = ("pool", "pool_index", "int_index", "row_index", "is_pad", "plan")
 """The keys of a ``compact="pool"`` batch."""
 
@@ -259,17 +260,29 @@ class TwinsView(View):
         finally:
             self.store.finish_batch()  # shared pools this batch read may be reused
 
+    def assemble_batch(self, shards: ShardSet, plan: EpochPlan, b: int, out: dict[str, np.ndarray]) -> None:
+        if self.store is not None:
+            return super().assemble_batch(shards, plan, b, out)
+        if plan.pools is None:
+            raise ValueError(_NO_POOLS)
+        pool, place, items, is_pad = plan.pool_rows(b)  # the rows of plan.batch(b), without its distinct records
+        self._write_pool_rows(pool, place, items, is_pad, out)
+        out["plan"][...] = (plan.fingerprint(), plan.epoch, b)
+
     def _pool_rows(self, items: BatchItems, out: dict[str, np.ndarray]) -> None:
-        """A ``compact="pool"`` batch: where each row's graph lies in the pools, nothing decoded."""
+        """A ``compact="pool"`` batch from its items: where each row's graph lies in the pools, nothing decoded."""
         if items.pool is None or items.pool_index is None:
-            raise ValueError("view 'twins': compact='pool' needs a mixed plan (shuffle=True and mix set); this plan has no pools")
-        k = items.items // self.s
-        out["pool"][...] = items.pool[items.slot]
-        out["pool_index"][...] = items.pool_index[items.slot]
-        out["int_index"][...] = k
-        out["row_index"][...] = items.items - k * self.s
-        out["is_pad"][...] = items.is_pad
+            raise ValueError(_NO_POOLS)
+        self._write_pool_rows(items.pool[items.slot], items.pool_index[items.slot], items.items, items.is_pad, out)
         out["plan"][...] = (items.plan_id, items.plan_key[1], items.index)  # plan_key: (seed, epoch, ...)
+
+    def _write_pool_rows(self, pool: np.ndarray, place: np.ndarray, items: np.ndarray, is_pad: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        k = items // self.s
+        out["pool"][...] = pool
+        out["pool_index"][...] = place
+        out["int_index"][...] = k
+        out["row_index"][...] = items - k * self.s
+        out["is_pad"][...] = is_pad
 
     def _gather(self, graphs: dict[str, np.ndarray], where: np.ndarray, items: BatchItems, out: dict[str, np.ndarray]) -> None:
         """Fill the batch's keys from the decoded graphs (``where[g]``: the row of ``items.unique[g]``)."""
