@@ -203,7 +203,10 @@ def main() -> None:
         rows.append(("batches identical, old vs new (sha256)", _digests(cases, args.old, args.digest_batches)))
         rows += _targets(med, rows_per_graph(causal["zstd"]))
         notes = [
-            f"old = {args.old}, new = this tree; {'setups timed: ' + ', '.join(c[0] for c in timed) + '; ' if only else ''}{args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, each in a fresh process; medians (every run in brackets)",
+            f"old = {args.old}, new = this tree; {'setups timed: ' + ', '.join(c[0] for c in timed + new_only) + '; ' if only else ''}{args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, each in a fresh process; medians (every run in brackets)",
+            "twins pool: compact='pool', timed in this tree only (the old has no such mode); its rate counts TwinsContext.load of every batch "
+            "(the pools decoded in the consumer, ahead on one thread), on the CPU, without expand (as twins compact is timed without expand_compact); "
+            "expand times: one batch, the process's default torch threads",
             f"data: {args.graphs} causal graphs (default recipe) zstd and raw, {args.mel_files} mel files raw, in {work}; graphs batch 256, twins batch 4096 rows, mel batch 8192 segments",
             f"total {time.time() - t0:.0f} s; load average at start {tuple(round(x, 2) for x in load0)}, at end "
             f"{tuple(round(x, 2) for x in os.getloadavg())} ({os.cpu_count()} cores shared with other processes)",
