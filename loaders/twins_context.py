@@ -8,17 +8,20 @@ holds the context instead, in this object:
 
 * **What it holds**: the decoded, padded graphs (``base``, ``int``, ``adj``,
   ``targets``, ``values``, ``n``, record ids; ``delta`` when it is read) of the
-  pools the current batch touches, in ``pool_span`` *regions* of ``pool_size``
-  graphs on ``device`` (the plan's numbers: a batch touches at most
-  ``pool_span`` pools, usually 2), plus at most one pool decoded ahead on the
-  host: never more than ``pool_span + 1`` pools (``max_held`` counts them).
+  pools the current batch touches, in ``pool_span + 1`` *regions* of
+  ``pool_size`` graphs (the plan's numbers: a batch touches at most
+  ``pool_span`` pools, usually 2; the last region takes the pool decoded
+  ahead): never more than ``pool_span + 1`` pools (``max_held`` counts them).
+  Pools are decoded in place into host regions (pinned for a CUDA device, then
+  copied into the same regions on the device; a region's next decode waits for
+  that copy).
 * **How it gets them**: from the batch's ``plan`` and the stream's own plan of
   that epoch (:meth:`loaders.ShardStream.plan`) it knows the pools the batch
   touches (the stream positions ``[b*B, (b+1)*B)``, cyclic); a pool it does not
   hold is read from the cache in this process (``plan.pool_records(q)``, the
   twins view's block decode, through a shard set of the stream's own kind, so
-  mixtures and remote caches read as the stream does) and copied into a region
-  no pool of the batch needs. Each pool is decoded once per epoch per consumer.
+  mixtures and remote caches read as the stream does) into a region no pool of
+  the batch needs. Each pool is decoded once per epoch per consumer.
 * **Ahead of time**: after a batch, the pool after its last one is decoded on
   one background thread (zstd releases the GIL), so the trainer does not wait
   at pool boundaries; all decoding runs on that thread, one pool at a time (the
@@ -207,7 +210,11 @@ class TwinsContext:
         assert self._pending is not None, "_place follows _submit"
         (fingerprint, q), r, done = self._pending
         self._pending = None
-        done.result()
+        try:
+            done.result()
+        except BaseException:
+            self._held[r] = None  # not decoded: asked again, it is decoded again (and fails again, or not)
+            raise
         lo, hi = r * self._size, (r + 1) * self._size
         if self._regions is not self._host:
             for name, region in self._regions.items():

@@ -9,6 +9,7 @@ workers, after a mid-epoch resume, under a gloo DDP world of 2, and on a mixture
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import numpy as np
@@ -16,7 +17,8 @@ import pytest
 import torch
 import torch.multiprocessing as tmp
 
-from cachebuild.errors import CacheMismatchError
+from cachebuild.errors import CacheMismatchError, ShardCorruptError
+from cachebuild.format import read_manifest
 from loader_fixtures import causal_cache, free_port  # noqa: F401
 from loaders import Mixture, ShardStream, TwinsContext, expand_compact, make_loader
 from loaders.twins_context import batch_pools
@@ -136,6 +138,25 @@ def test_a_batch_of_another_plan_is_a_one_line_error(causal_cache):
     with TwinsContext(other) as ctx:
         with pytest.raises(CacheMismatchError, match=r"twins batch of epoch 1 was planned as 0x[0-9a-f]+, but .* plans epoch 1 as 0x[0-9a-f]+") as err:
             ctx.expand(batch)
+    assert "\n" not in str(err.value)
+
+
+def test_a_failed_pool_decode_reaches_the_caller_every_time(causal_cache, tmp_path):
+    """A damaged shard: the decode thread's error is raised by ``load``, and again on the next ask (never a
+    region that looks decoded)."""
+    root = tmp_path / "cache"
+    shutil.copytree(causal_cache, root)
+    shard = root / read_manifest(root).shards[0].name
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 20000] = bytes(20000)
+    shard.write_bytes(bytes(data))
+    stream = ShardStream(root, compact="pool", **KW)
+    with TwinsContext(stream) as ctx:
+        with pytest.raises(ShardCorruptError, match="shard-00000.tar") as err:
+            for b in range(stream.plan(0).batches):
+                ctx.load(stream.batch(b))
+        with pytest.raises(ShardCorruptError):
+            ctx.load(stream.batch(b))
     assert "\n" not in str(err.value)
 
 
