@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -91,7 +92,7 @@ def ours(cache: Path, view: str, batch: int, workers: int, limit_s: float, **opt
     return {f"{unit}_per_s": m["items_per_s"], "payload_mb_per_s": m["mb_per_s"], "first_batch_s": m["first_batch_s"], "worker_rss_mb": rss.peak / 1e6, "worker_uss_mb": rss.peak_uss / 1e6}
 
 
-def ours_pool(cache: Path, batch: int, workers: int, limit_s: float, threads: int | None = None) -> dict:
+def ours_pool(cache: Path, batch: int, workers: int, limit_s: float, **context: Any) -> dict:
     """``twins`` with ``compact="pool"``: rows/s of the batches delivered *plus* the consumer's context
     loading (``TwinsContext.load`` of every batch, on the CPU: the pools decoded in this process, ahead
     on its thread), without ``expand``, as ``compact=True`` is measured without ``expand_compact``."""
@@ -101,7 +102,7 @@ def ours_pool(cache: Path, batch: int, workers: int, limit_s: float, threads: in
 
     def make():
         loader = make_loader(ShardStream(cache, view="twins", batch_size=batch, seed=0, compact="pool"), num_workers=workers)
-        contexts.append(TwinsContext(loader) if threads is None else TwinsContext(loader, threads=threads))
+        contexts.append(TwinsContext(loader, **context))
         return loader
 
     def count(b):

@@ -43,7 +43,6 @@ already on a CUDA device that read waits for the device; pass ``meta=``
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping
 
 import numpy as np
@@ -54,7 +53,7 @@ from cachebuild.format.reader import ShardSet
 from loaders.batch import torch_dtype
 from loaders.plan import EpochPlan
 from loaders.stream import ShardStream
-from loaders.views.twins import decode_twins
+from loaders.pool_decoder import DECODERS, Pending, ProcessDecoder, ThreadDecoder
 
 __all__ = ["TwinsContext", "batch_pools"]
 
@@ -87,9 +86,11 @@ class TwinsContext:
         device: where the context lives and :meth:`expand` builds the keys.
         prefetch: decode the next pool in the background after each batch.
         threads: zstd threads of a pool's decode.
+        decoder: ``"thread"`` (a thread of this process) or ``"process"`` (a process of its own, decoding
+            into shared memory: no GIL shared with the trainer's loop), see :mod:`loaders.pool_decoder`.
     """
 
-    def __init__(self, stream: Any, device: str | torch.device = "cpu", prefetch: bool = True, threads: int = 1):
+    def __init__(self, stream: Any, device: str | torch.device = "cpu", prefetch: bool = True, threads: int = 1, decoder: str = "thread"):
         stream = getattr(stream, "stream", stream)  # a StreamLoader: the stream the trainer holds
         view = stream.view
         if getattr(view, "name", None) != "twins" or getattr(view, "compact", None) != "pool":
@@ -101,7 +102,11 @@ class TwinsContext:
         self.prefetch = prefetch
         self.threads = int(threads)
         self._dims = self._view_dims()
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="twins-context")
+        if decoder not in DECODERS:
+            raise ValueError(f"TwinsContext: decoder must be one of {DECODERS}, got {decoder!r}")
+        self.decoder = decoder
+        self._decoder: ThreadDecoder | ProcessDecoder | None = None
+        self._rows = 0
         self._shards: ShardSet | None = None
         self._shards_of: tuple[int, ...] = ()
         self._regions: dict[str, torch.Tensor] = {}  # on the device
@@ -111,7 +116,7 @@ class TwinsContext:
         self._size = 0
         self._lut = torch.zeros(0, dtype=torch.int64, device=self.device)  # pool -> its first row in the regions, -1: not held
         self._lut_plan = 0
-        self._pending: tuple[_Key, int, Future[None]] | None = None  # the pool being decoded, its region
+        self._pending: tuple[_Key, int, Pending] | None = None  # the pool being decoded, its region
         self.loads = 0  # pools decoded by this object
         self.max_held = 0  # the most pools held at once (decoded, or being decoded ahead)
 
@@ -170,19 +175,33 @@ class TwinsContext:
 
     # ---- holding pools
     def _allocate(self, size: int, regions: int) -> None:
-        """``regions`` regions of ``size`` graphs (the pools a batch can touch, and one decoded ahead); forgets what was held."""
+        """``regions`` regions of ``size`` graphs (the pools a batch can touch, and one decoded ahead); forgets what
+        was held. The buffers (and a decode process) are kept when they are large enough."""
         self._drain()
-        cuda = self.device.type == "cuda"
-
-        def alloc(device: torch.device | str, pin: bool = False) -> dict[str, torch.Tensor]:
-            out = {k: torch.zeros((regions * size,) + f.shape, dtype=torch_dtype(f.dtype), device=device, pin_memory=pin) for k, f in self._fields().items()}
-            out["record_id"] = torch.full((regions * size,), -1, dtype=torch.int64, device=device, pin_memory=pin)
-            return out
-
-        self._host = alloc("cpu", pin=cuda)
-        self._regions = alloc(self.device) if cuda else self._host
         self._copied = [None] * regions
         self._held, self._size, self._lut_plan = [None] * regions, size, 0
+        rows = regions * size
+        if self._decoder is not None and self._rows >= rows:
+            return
+        self._release()
+        cuda = self.device.type == "cuda"
+        fields = {k: (f.shape, np.dtype(f.dtype).name) for k, f in self._fields().items()} | {"record_id": ((), "int64")}
+        decode = list(self._dims[4])
+        if self.decoder == "process":
+            proc = ProcessDecoder(fields, rows, decode, self.threads)
+            self._decoder, self._host = proc, {k: torch.from_numpy(a) for k, a in proc.host.items()}
+        else:
+            self._host = {k: torch.zeros((rows,) + tuple(shape), dtype=torch_dtype(dtype), pin_memory=cuda) for k, (shape, dtype) in fields.items()}
+            self._decoder = ThreadDecoder({k: t.numpy() for k, t in self._host.items()}, decode, self.threads)
+        self._regions = {k: torch.zeros_like(t, device=self.device) for k, t in self._host.items()} if cuda else self._host
+        self._rows = rows
+
+    def _release(self) -> None:
+        """Stop the decoder and free the regions (views of a decode process's shared memory go first)."""
+        self._regions, self._host = {}, {}
+        if self._decoder is not None:
+            self._decoder.close()
+            self._decoder, self._rows = None, 0
 
     def _ready(self, fingerprint: int, q: int) -> bool:
         """Pool ``q`` is decoded in a region (not being decoded)."""
@@ -200,9 +219,9 @@ class TwinsContext:
         self._held[r] = (fingerprint, q)
         ids = plan.pool_records(q).copy()
         self.loads += 1
-        host = {k: t.numpy() for k, t in self._host.items()}
         zero = [k for k, f in self._fields().items() if f.zero]
-        done = self._thread.submit(_decode_pool, self._shard_set(), ids, list(self._dims[4]), self.threads, host, r * self._size, zero, self._copied[r])
+        assert self._decoder is not None, "_allocate comes first"
+        done = self._decoder.submit(self._shard_set(), ids, r * self._size, zero, self._copied[r])
         self._pending = ((fingerprint, q), r, done)
 
     def _place(self) -> None:
@@ -273,28 +292,18 @@ class TwinsContext:
 
     # ---- lifetime
     def close(self) -> None:
-        """Stop the decode thread, free the pools, close the shard set."""
-        self._thread.shutdown(wait=True)
-        self._pending = None
-        if self._shards is not None:
-            self._shards.close()
-            self._shards = None
-        self._regions, self._host, self._held = {}, {}, []
+        """Stop the decoder, free the pools, close the shard set."""
+        try:
+            self._drain()
+        finally:
+            self._release()
+            if self._shards is not None:
+                self._shards.close()
+                self._shards = None
+            self._held = []
 
     def __enter__(self) -> "TwinsContext":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _decode_pool(shards: ShardSet, ids: np.ndarray, decode: list[str], threads: int, host: dict[str, np.ndarray], lo: int, zero: list[str], copied: Any) -> None:
-    """Decode the graphs ``ids`` (one pool) into rows ``lo, lo+1, ...`` of the host ``host`` (its padded fields
-    ``zero`` zeroed first), with their record ids; after ``copied`` (the CUDA copy of the rows before), if any."""
-    if copied is not None:
-        copied.synchronize()
-    hi = lo + len(ids)
-    for k in zero:
-        host[k][lo:hi] = 0
-    decode_twins(shards, ids, decode, threads, host, np.arange(lo, hi, dtype=np.int64))
-    host["record_id"][lo:hi] = ids

@@ -70,11 +70,11 @@ def test_pool_batches_are_small_and_the_rows_those_of_the_plan(causal_cache):
         assert all(np.array_equal(arrays[k], got[k].numpy()) for k in got)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_expand_equals_the_default_view_through_the_loader_for_two_epochs(causal_cache, workers):
+@pytest.mark.parametrize("workers,decoder", [(0, "thread"), (2, "thread"), (0, "process"), (2, "process")])
+def test_expand_equals_the_default_view_through_the_loader_for_two_epochs(causal_cache, workers, decoder):
     stream = ShardStream(causal_cache, compact="pool", **KW)
     loader = make_loader(stream, num_workers=workers, persistent_workers=workers > 0)
-    with TwinsContext(loader) as ctx:
+    with TwinsContext(loader, decoder=decoder) as ctx:
         for epoch in range(2):
             numbers = _check_epoch(causal_cache, ctx, loader, epoch)
             assert len(numbers) == stream.plan(epoch).batches
@@ -114,12 +114,13 @@ def test_a_mixture_expands_like_its_compact_and_default_views(levels):
                 assert set(exp) == set(want) and all(torch.equal(exp[k], want[k]) for k in want)
 
 
-def test_the_context_holds_at_most_pool_span_plus_one_pools_and_decodes_ahead(causal_cache):
+@pytest.mark.parametrize("decoder", ["thread", "process"])
+def test_the_context_holds_at_most_pool_span_plus_one_pools_and_decodes_ahead(causal_cache, decoder):
     stream = ShardStream(causal_cache, compact="pool", **KW)
     plan = stream.plan(0)
     pools = len(plan.pools) - 1
     assert pools >= 3 and plan.pool_span == 2
-    with TwinsContext(stream) as ctx:
+    with TwinsContext(stream, decoder=decoder) as ctx:
         first = stream.batch(0)
         ctx.load(first)
         assert ctx.held() == [(plan.fingerprint(), 0)] and ctx.ahead == (plan.fingerprint(), 1)  # the next pool, in the background
@@ -141,9 +142,10 @@ def test_a_batch_of_another_plan_is_a_one_line_error(causal_cache):
     assert "\n" not in str(err.value)
 
 
-def test_a_failed_pool_decode_reaches_the_caller_every_time(causal_cache, tmp_path):
-    """A damaged shard: the decode thread's error is raised by ``load``, and again on the next ask (never a
-    region that looks decoded)."""
+@pytest.mark.parametrize("decoder", ["thread", "process"])
+def test_a_failed_pool_decode_reaches_the_caller_every_time(causal_cache, tmp_path, decoder):
+    """A damaged shard: the decoder's error (the reader's own, from a thread or a process) is raised by
+    ``load``, and again on the next ask (never a region that looks decoded)."""
     root = tmp_path / "cache"
     shutil.copytree(causal_cache, root)
     shard = root / read_manifest(root).shards[0].name
@@ -151,7 +153,7 @@ def test_a_failed_pool_decode_reaches_the_caller_every_time(causal_cache, tmp_pa
     data[len(data) // 2 : len(data) // 2 + 20000] = bytes(20000)
     shard.write_bytes(bytes(data))
     stream = ShardStream(root, compact="pool", **KW)
-    with TwinsContext(stream) as ctx:
+    with TwinsContext(stream, decoder=decoder) as ctx:
         with pytest.raises(ShardCorruptError, match="shard-00000.tar") as err:
             for b in range(stream.plan(0).batches):
                 ctx.load(stream.batch(b))
@@ -168,6 +170,8 @@ def test_pool_mode_needs_pools(causal_cache):
         unshuffled.batch(0)
     with pytest.raises(ValueError, match="compact='pool' needs a mixed plan"):
         TwinsContext(unshuffled)
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        TwinsContext(ShardStream(causal_cache, compact="pool", **KW), decoder="fork")
     with pytest.raises(ValueError, match="TwinsContext needs a ShardStream"):
         TwinsContext(ShardStream(causal_cache, compact=True, **KW))
 
