@@ -17,7 +17,8 @@ plan, pure functions), :mod:`cachebuild.format.reader` (memory-mapped shards and
 indexes, opened lazily and checked; :mod:`~loaders.shards` fetches remote ones),
 :mod:`cachebuild.format.decode` (many records' fields decoded at once), :mod:`~loaders.views` (records -> batches;
 ``records``, ``graphs``, ``twins``, and a registry for more), :mod:`~loaders.twins_context`
-(``TwinsContext``: the graph context of ``twins`` batches made with ``compact="pool"``),
+(``TwinsContext``: the graph context of ``twins`` batches made with ``compact="pool"``;
+:mod:`~loaders.pool_decoder` decodes its pools on a thread or in a process),
 :mod:`~loaders.batch` (packed fixed layouts), :mod:`~loaders.slots` (reused
 shared-memory buffers between workers and the main process), :mod:`~loaders.stream`
 (``ShardStream``), :mod:`~loaders.state` (resume state), :mod:`~loaders.loader`

@@ -12,9 +12,9 @@ holds the context instead, in this object:
   ``pool_size`` graphs (the plan's numbers: a batch touches at most
   ``pool_span`` pools, usually 2; the last region takes the pool decoded
   ahead): never more than ``pool_span + 1`` pools (``max_held`` counts them).
-  Pools are decoded in place into host regions (pinned for a CUDA device, then
-  copied into the same regions on the device; a region's next decode waits for
-  that copy).
+  Pools are decoded in place into host regions (pinned for a CUDA device with
+  the decode thread, then copied into the same regions on the device; a region's
+  next decode waits for that copy).
 * **How it gets them**: from the batch's ``plan`` and the stream's own plan of
   that epoch (:meth:`loaders.ShardStream.plan`) it knows the pools the batch
   touches (the stream positions ``[b*B, (b+1)*B)``, cyclic); a pool it does not
@@ -22,12 +22,14 @@ holds the context instead, in this object:
   twins view's block decode, through a shard set of the stream's own kind, so
   mixtures and remote caches read as the stream does) into a region no pool of
   the batch needs. Each pool is decoded once per epoch per consumer.
-* **Ahead of time**: after a batch, the pool after its last one is decoded on
-  one background thread (zstd releases the GIL), so the trainer does not wait
-  at pool boundaries; all decoding runs on that thread, one pool at a time (the
-  shard set is used by it alone), exceptions reach the caller of :meth:`load`.
-  Not across epochs: the first pool of an epoch is read when its first batch
-  comes (the next epoch's plan may read another generation).
+* **Ahead of time**: after a batch, the pool after its last one is decoded in
+  the background (:mod:`loaders.pool_decoder`: one thread of this process by
+  default, zstd releasing the GIL; ``decoder="process"``: a process of its own
+  decoding into shared memory, no GIL shared with the trainer's loop), so the
+  trainer does not wait at pool boundaries; all decoding goes there, one pool at
+  a time (the shard set has one user), and its errors reach the caller of
+  :meth:`load`. Not across epochs: the first pool of an epoch is read when its
+  first batch comes (the next epoch's plan may read another generation).
 * **Stateless beyond its cache**: a batch names its plan, so mid-epoch resume,
   DDP ranks (every rank's batches come from the same global plan), 0 or more
   DataLoader workers and persistent workers need nothing else. A batch whose
