@@ -28,8 +28,9 @@ holds the context instead, in this object:
   decoding into shared memory, no GIL shared with the trainer's loop), so the
   trainer does not wait at pool boundaries; all decoding goes there, one pool at
   a time (the shard set has one user), and its errors reach the caller of
-  :meth:`load`. Not across epochs: the first pool of an epoch is read when its
-  first batch comes (the next epoch's plan may read another generation).
+  :meth:`load`. After an epoch's last pool comes the next epoch's first, as the
+  stream will plan it (planned here without taking the place of the stream's
+  cached plan; unused if the stream then reads another generation or epoch).
 * **Stateless beyond its cache**: a batch names its plan, so mid-epoch resume,
   DDP ranks (every rank's batches come from the same global plan), 0 or more
   DataLoader workers and persistent workers need nothing else. A batch whose
@@ -109,6 +110,8 @@ class TwinsContext:
         self.decoder = decoder
         self._decoder: ThreadDecoder | ProcessDecoder | None = None
         self._rows = 0
+        self._next: tuple[tuple[Any, int], EpochPlan] | None = None  # the next epoch's plan, for its first pool
+        self._next_fp = 0
         self._shards: ShardSet | None = None
         self._shards_of: tuple[int, ...] = ()
         self._regions: dict[str, torch.Tensor] = {}  # on the device
@@ -145,11 +148,8 @@ class TwinsContext:
         pools = len(plan.pool_items) - 1 if plan.pool_items is not None else 0
         if (plan.pool_size, plan.pool_span + 1) != (self._size, len(self._held)):
             self._allocate(plan.pool_size, plan.pool_span + 1)
-        if self._lut_plan != fingerprint:  # a new epoch (or generation): its own pools
-            self._drain()
-            self._lut = torch.full((pools,), -1, dtype=torch.int64, device=self.device)
-            self._lut_plan = fingerprint
-            self._held = [None] * len(self._held)
+        if self._lut_plan != fingerprint:  # a new epoch (or generation): its own pools (one may be decoded already)
+            self._new_table(fingerprint, pools)
         keys = {(fingerprint, int(q)) for q in need}
         for q in need.tolist():
             if self._ready(fingerprint, q):
@@ -157,12 +157,44 @@ class TwinsContext:
             if self.ahead != (fingerprint, q):
                 self._submit(plan, fingerprint, q, keys)
             self._place()
-        if self.prefetch and self._pending is None and need[-1] >= need[0] and need[-1] + 1 < pools:  # (not past a wrap to the epoch's start)
-            q = int(need[-1]) + 1
-            if (fingerprint, q) not in self._held:
-                self._submit(plan, fingerprint, q, keys)
+        if self.prefetch and self._pending is None and need[-1] >= need[0]:  # (not past a wrap to the epoch's start)
+            self._decode_ahead(plan, fingerprint, epoch, int(need[-1]) + 1, pools, keys)
         self.max_held = max(self.max_held, sum(k is not None for k in self._held))
         return self._lut
+
+    def _new_table(self, fingerprint: int, pools: int) -> None:
+        """The pool -> row table of another plan, with the pools of that plan already decoded (ahead)."""
+        self._lut = torch.full((pools,), -1, dtype=torch.int64, device=self.device)
+        self._lut_plan = fingerprint
+        for r, k in enumerate(self._held):
+            if k is not None and k[0] == fingerprint and k != self.ahead:
+                self._lut[k[1]] = r * self._size
+
+    def _decode_ahead(self, plan: EpochPlan, fingerprint: int, epoch: int, q: int, pools: int, keep: set[_Key]) -> None:
+        """Decode pool ``q`` of this plan, or after its last pool the first of the next epoch's (planned now,
+        as the stream will plan it unless it reads another generation by then: then that decode is unused)."""
+        if q >= pools:
+            nxt = self._next_plan(epoch)
+            if nxt is None:
+                return
+            plan, fingerprint, q = nxt, nxt.fingerprint(), 0
+            self._next_fp = fingerprint
+        if (fingerprint, q) not in self._held:
+            self._submit(plan, fingerprint, q, keep)
+
+    def _next_plan(self, epoch: int) -> EpochPlan | None:
+        """The plan of ``epoch + 1``, without taking the place of the stream's one cached plan."""
+        key = (self.stream.generations, epoch + 1)
+        if self._next is None or self._next[0] != key:
+            saved = self.stream._plan_cache
+            try:
+                plan = self.stream.plan(epoch + 1)
+            except ValueError:  # (a schedule that ends, ...): that epoch's own pass will say so
+                return None
+            finally:
+                self.stream._plan_cache = saved
+            self._next = (key, plan)
+        return self._next[1]
 
     def _plan(self, epoch: int, fingerprint: int) -> EpochPlan:
         plan = self.stream.plan(epoch)
@@ -205,6 +237,13 @@ class TwinsContext:
             self._decoder.close()
             self._decoder, self._rows = None, 0
 
+    def _rank(self, key: _Key | None, fingerprint: int) -> int:
+        """Which region to reuse first: an empty one, one of a plan no longer read, one of this plan, one
+        decoded ahead for the next epoch."""
+        if key is None:
+            return 0
+        return 2 if key[0] == fingerprint else 3 if key[0] == self._next_fp else 1
+
     def _ready(self, fingerprint: int, q: int) -> bool:
         """Pool ``q`` is decoded in a region (not being decoded)."""
         return (fingerprint, q) in self._held and self.ahead != (fingerprint, q)
@@ -214,7 +253,7 @@ class TwinsContext:
         pool of ``keep`` (the batch's) is in: ``pool_span + 1`` regions always have one (a batch touches at most
         ``pool_span`` pools, ``q`` among them or the one after them)."""
         self._drain()
-        r = next(i for i, k in enumerate(self._held) if k not in keep)
+        r = min((i for i, k in enumerate(self._held) if k not in keep), key=lambda i: self._rank(self._held[i], fingerprint))
         old = self._held[r]
         if old is not None and old[0] == self._lut_plan:
             self._lut[old[1]] = -1
@@ -243,7 +282,8 @@ class TwinsContext:
             event = torch.cuda.Event()
             event.record()
             self._copied[r] = event  # the next decode into this host region waits for the copy
-        self._lut[q] = lo
+        if fingerprint == self._lut_plan:
+            self._lut[q] = lo
 
     def _fields(self) -> dict[str, Any]:
         view: Any = self.stream.view

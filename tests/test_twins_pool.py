@@ -79,7 +79,8 @@ def test_expand_equals_the_default_view_through_the_loader_for_two_epochs(causal
             numbers = _check_epoch(causal_cache, ctx, loader, epoch)
             assert len(numbers) == stream.plan(epoch).batches
         pools = len(stream.plan(0).pools) - 1
-        assert ctx.loads <= 2 * (pools + 1)  # each pool once per epoch (the last batch's padding wraps to pool 0 again)
+        # each pool once per epoch, pool 0 again for the last batch's padding, and epoch 2's first pool decoded ahead
+        assert ctx.loads == 2 * (pools + 1) + 1
 
 
 def test_a_mid_epoch_resume_expands_the_same_remaining_batches(causal_cache):
@@ -127,7 +128,12 @@ def test_the_context_holds_at_most_pool_span_plus_one_pools_and_decodes_ahead(ca
         for b in range(plan.batches):
             ctx.load(stream.batch(b))
             assert len(ctx.held()) + (ctx.ahead is not None) <= plan.pool_span + 1 and ctx.max_held <= plan.pool_span + 1
-        assert ctx.loads == pools + 1  # every pool once, pool 0 again for the last batch's padding
+        assert ctx.loads == pools + 2  # every pool once, pool 0 again for the last batch's padding, the next epoch's first
+        nxt = stream.plan(1)
+        assert (nxt.fingerprint(), 0) in ctx.held() + [ctx.ahead]  # decoded ahead, across the epoch's end
+        ctx.load(stream.batch(0, 1))
+        assert ctx.loads == pools + 3 and ctx.ahead == (nxt.fingerprint(), 1)  # only the next pool is decoded
+        assert ctx.max_held <= plan.pool_span + 1
     with TwinsContext(stream, prefetch=False) as ctx:
         ctx.load(first)
         assert ctx.ahead is None and ctx.max_held == 1
