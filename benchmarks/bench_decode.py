@@ -12,6 +12,9 @@ measurements. Medians are reported, with every run.
     python benchmarks/bench_decode.py --old /tmp/cachebuild-before --rounds 3
 
 ``--old`` is a checkout of the code before the change (``git archive <commit> | tar -x -C DIR``).
+``twins pool`` (``compact="pool"``, new in this tree: timed in the new tree only) counts the batches
+delivered plus the consumer's pool loading (``TwinsContext.load`` per batch, on the CPU, no expand),
+with the context's default decode thread and with ``decoder="process"``.
 ``--only 'graphs raw'`` times only the setups a change touches (the limits are always measured;
 the old/new batch comparison still covers every setup).
 Appends a table to benchmarks/RESULTS.md.
@@ -60,6 +63,12 @@ elif kind == "mel":
 elif kind == "litdata":
     import peers
     d = peers.litdata_rate(path, workers, batch, limit)
+elif kind == "twins pool":
+    import bench_load
+    d = bench_load.ours_pool(path, batch, workers, limit, **opts)
+elif kind == "expand times":
+    import bench_load
+    d = bench_load.expand_times(path, batch)
 elif kind == "limit":
     import peers
     d = peers.decompression_limit(path, os.cpu_count() or 1)
@@ -164,9 +173,13 @@ def main() -> None:
                 (f"twins full rows zstd w{w}", "twins", causal["zstd"], w, 4096, {}),
                 (f"mel view raw w{w}", "mel", work / "mel-none", w, 8192, {}),
             ]
+        pool_cases = [(f"twins pool zstd w{w}", "twins pool", causal["zstd"], w, 4096, {}) for w in (0, 2)]  # new only
+        pool_cases += [(f"twins pool, decode process, zstd w{w}", "twins pool", causal["zstd"], w, 4096, {"decoder": "process"}) for w in (0, 2)]
         peer_cases = [(f"litdata {c} w{w}", "litdata", p, w, 256, {}) for c, p in lit.items() for w in (0, 2)]
         peer_cases += [("limit zstd (all cores)", "limit", causal["zstd"], 0, 0, {}), ("limit raw gather (all cores)", "limit", causal["none"], 0, 0, {})]
         timed = [c for c in cases if not only or c[0].startswith(tuple(only))]
+        new_only = [c for c in pool_cases if not only or c[0].startswith(tuple(only))]
+        expand: list[dict] = []
         runs: dict[str, list[float]] = {}
         limits: dict[str, list[dict]] = {}
         for r in range(args.rounds):
@@ -176,17 +189,26 @@ def main() -> None:
                     v = rate(measure(tree, kind, path, w, batch, args.seconds, opts))
                     runs.setdefault(f"{label} {name}", []).append(v)
                     print(f"round {r} {name} {label}: {v:,.0f}/s", flush=True)
+            for label, kind, path, w, batch, opts in new_only:
+                v = rate(measure(NEW, kind, path, w, batch, args.seconds, opts))
+                runs.setdefault(f"{label} new", []).append(v)
+                print(f"round {r} new {label} (+ context loading): {v:,.0f}/s", flush=True)
+            if new_only:
+                expand.append(measure(NEW, "expand times", causal["zstd"], 0, 4096, 0, {}))
             for label, kind, path, w, batch, opts in peer_cases:
                 d = measure(NEW, kind, path, w, batch, args.seconds, opts)
                 limits.setdefault(label, []).append(d)
                 runs.setdefault(label, []).append(d.get("graphs_per_s_all", float("nan")) if kind == "limit" else rate(d))
                 print(f"round {r} {label}: {runs[label][-1]:,.0f}/s", flush=True)
         med = {k: statistics.median(v) for k, v in runs.items()}
-        rows = _rows(timed, runs, med)
+        rows = _rows(timed, runs, med) + _new_rows(new_only, runs, med, expand)
         rows.append(("batches identical, old vs new (sha256)", _digests(cases, args.old, args.digest_batches)))
         rows += _targets(med, rows_per_graph(causal["zstd"]))
         notes = [
-            f"old = {args.old}, new = this tree; {'setups timed: ' + ', '.join(c[0] for c in timed) + '; ' if only else ''}{args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, each in a fresh process; medians (every run in brackets)",
+            f"old = {args.old}, new = this tree; {'setups timed: ' + ', '.join(c[0] for c in timed + new_only) + '; ' if only else ''}{args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, each in a fresh process; medians (every run in brackets)",
+            "twins pool: compact='pool', timed in this tree only (the old has no such mode); its rate counts TwinsContext.load of every batch "
+            "(the pools decoded in the consumer, ahead on one thread), on the CPU, without expand (as twins compact is timed without expand_compact); "
+            "expand times: one batch, the process's default torch threads",
             f"data: {args.graphs} causal graphs (default recipe) zstd and raw, {args.mel_files} mel files raw, in {work}; graphs batch 256, twins batch 4096 rows, mel batch 8192 segments",
             f"total {time.time() - t0:.0f} s; load average at start {tuple(round(x, 2) for x in load0)}, at end "
             f"{tuple(round(x, 2) for x in os.getloadavg())} ({os.cpu_count()} cores shared with other processes)",
@@ -210,6 +232,16 @@ def _rows(cases: list, runs: dict[str, list[float]], med: dict[str, float]) -> l
     for label in runs:
         if label.startswith(("litdata", "limit")):
             rows.append((label, f"{med[label]:,.0f}/s ({', '.join(f'{v:,.0f}' for v in runs[label])})"))
+    return rows
+
+
+def _new_rows(cases: list, runs: dict[str, list[float]], med: dict[str, float], expand: list[dict]) -> list[tuple[str, str]]:
+    """Setups of this tree only (no old measurement), and the expand times."""
+    rows = [(f"{label} (+ context loading)", f"new {med[f'{label} new']:,.0f}/s ({', '.join(f'{v:,.0f}' for v in runs[f'{label} new'])})") for label, *_ in cases]
+    ok = [e for e in expand if e]
+    if ok:
+        p, c = (statistics.median(e[k] for e in ok) * 1e3 for k in ("pool_expand_s", "compact_expand_s"))
+        rows.append(("expand on the CPU, one 4,096-row batch: TwinsContext.expand vs expand_compact", f"{p:.2f} ms vs {c:.2f} ms (medians of 15 per round, {len(ok)} rounds)"))
     return rows
 
 
@@ -244,8 +276,18 @@ def _targets(med: dict[str, float], per_graph: float) -> list[tuple[str, str]]:
             f"{best('twins compact zstd') / ceiling:.0%} of {ceiling:,.0f} rows/s ({per_graph:.0f} rows per graph; "
             f"target >= 60%; old {best('twins compact zstd', 'old') / (best('graphs zstd', 'old') * per_graph):.0%} of its own ceiling)",
         ),
+        (
+            best("twins pool, decode process, zstd") / ceiling,
+            "target: twins pool, decode process (+ context loading) vs the graphs-view ceiling",
+            f"{best('twins pool, decode process, zstd') / ceiling:.0%} of {ceiling:,.0f} rows/s (target >= 60%; TwinsContext(decoder='process'))",
+        ),
+        (
+            best("twins pool zstd") / ceiling,
+            "target: twins pool (+ context loading) vs the graphs-view ceiling",
+            f"{best('twins pool zstd') / ceiling:.0%} of {ceiling:,.0f} rows/s (target >= 60%; compact='pool', TwinsContext.load per batch on the CPU, no expand)",
+        ),
     ]
-    for view in ("graphs zstd", "graphs raw", "twins compact zstd", "twins full rows zstd", "mel view raw"):
+    for view in ("graphs zstd", "graphs raw", "twins compact zstd", "twins pool zstd", "twins pool, decode process, zstd", "twins full rows zstd", "mel view raw"):
         for tree in ("old", "new"):
             w0, w2 = med.get(f"{view} w0 {tree}", nan), med.get(f"{view} w2 {tree}", nan)
             out.append((w2 / w0, f"2 workers vs 0: {view} ({tree})", f"{w2 / w0:.2f}x (target >= 1)"))

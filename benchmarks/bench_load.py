@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -89,6 +90,53 @@ def ours(cache: Path, view: str, batch: int, workers: int, limit_s: float, **opt
         m = peers._measure(make, count, limit_s, peers._warmup(workers))
     unit = "graphs" if view == "graphs" else "rows"
     return {f"{unit}_per_s": m["items_per_s"], "payload_mb_per_s": m["mb_per_s"], "first_batch_s": m["first_batch_s"], "worker_rss_mb": rss.peak / 1e6, "worker_uss_mb": rss.peak_uss / 1e6}
+
+
+def ours_pool(cache: Path, batch: int, workers: int, limit_s: float, **context: Any) -> dict:
+    """``twins`` with ``compact="pool"``: rows/s of the batches delivered *plus* the consumer's context
+    loading (``TwinsContext.load`` of every batch, on the CPU: the pools decoded in this process, ahead
+    on its thread), without ``expand``, as ``compact=True`` is measured without ``expand_compact``."""
+    from loaders import TwinsContext
+
+    contexts: list[TwinsContext] = []
+
+    def make():
+        loader = make_loader(ShardStream(cache, view="twins", batch_size=batch, seed=0, compact="pool"), num_workers=workers)
+        contexts.append(TwinsContext(loader, **context))
+        return loader
+
+    def count(b):
+        contexts[-1].load(b)
+        return int((~b["is_pad"]).sum()), 0
+
+    try:
+        with RssWatch() as rss:
+            m = peers._measure(make, count, limit_s, peers._warmup(workers))
+    finally:
+        for c in contexts:
+            c.close()
+    return {"rows_per_s": m["items_per_s"], "first_batch_s": m["first_batch_s"], "pools_loaded": contexts[-1].loads, "worker_rss_mb": rss.peak / 1e6}
+
+
+def expand_times(cache: Path, batch: int, repeats: int = 15) -> dict:
+    """Median CPU seconds of ``TwinsContext.expand`` (its pools held) vs ``expand_compact`` for batch 1 of epoch 0."""
+    import statistics
+
+    from loaders import TwinsContext, expand_compact
+
+    pool = ShardStream(cache, view="twins", batch_size=batch, seed=0, compact="pool")
+    pb, cb = pool.batch(1), ShardStream(cache, view="twins", batch_size=batch, seed=0, compact=True).batch(1)
+    out = {}
+    with TwinsContext(pool, prefetch=False) as ctx:
+        ctx.load(pb)
+        for name, fn in (("pool_expand_s", lambda: ctx.expand(pb)), ("compact_expand_s", lambda: expand_compact(cb))):
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+            out[name] = statistics.median(times)
+    return out
 
 
 def resume_time(cache: Path, workers: int) -> float:

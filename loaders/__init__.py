@@ -16,7 +16,9 @@ Modules: :mod:`~loaders.world` (rank/worker), :mod:`~loaders.plan` (the epoch
 plan, pure functions), :mod:`cachebuild.format.reader` (memory-mapped shards and their
 indexes, opened lazily and checked; :mod:`~loaders.shards` fetches remote ones),
 :mod:`cachebuild.format.decode` (many records' fields decoded at once), :mod:`~loaders.views` (records -> batches;
-``records``, ``graphs``, ``twins``, and a registry for more),
+``records``, ``graphs``, ``twins``, and a registry for more), :mod:`~loaders.twins_context`
+(``TwinsContext``: the graph context of ``twins`` batches made with ``compact="pool"``;
+:mod:`~loaders.pool_decoder` decodes its pools on a thread or in a process),
 :mod:`~loaders.batch` (packed fixed layouts), :mod:`~loaders.slots` (reused
 shared-memory buffers between workers and the main process), :mod:`~loaders.stream`
 (``ShardStream``), :mod:`~loaders.state` (resume state), :mod:`~loaders.loader`
@@ -50,6 +52,7 @@ from loaders.loader import StreamLoader, loader_state, make_loader
 from loaders.mixture import Mixture, Stage
 from loaders.state import PlanConfig
 from loaders.stream import ShardStream
+from loaders.twins_context import TwinsContext
 from loaders.views import VIEWS, View, expand_compact, register_view
 from loaders.world import World
 
@@ -69,6 +72,7 @@ __all__ = [
     "VIEWS",
     "register_view",
     "expand_compact",
+    "TwinsContext",
 ]
 
 _MOVED = {

@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from loaders.pools import PoolTable, distinct, max_pools_per_batch, plan_fingerprint, pool_bounds, pool_table
+from loaders.pools import PoolTable, distinct, locate_stream, max_pools_per_batch, plan_fingerprint, pool_bounds, pool_table
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -338,24 +338,30 @@ class EpochPlan:
             records, items, is_pad, slot = records[perm], items[perm], is_pad[perm], slot[perm]
         return BatchItems(b, records, items, is_pad, unique, slot, _first_rows(slot, len(unique), B))
 
-    def _mixed_batch(self, b: int) -> BatchItems:
-        """A batch of a mixed plan: its stream positions located through their pools' permuted chunks."""
+    def _mixed_rows(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of batch ``b`` of a mixed plan: ``(record position, item, is_pad)``, in batch order."""
         B, total = self.batch_size, self.total
         assert self.pools is not None and self.pool_items is not None, "a mixed plan has pools"
-        raw = b * B + np.arange(B, dtype=np.int64)
-        is_pad = raw >= total
-        rec, items = np.empty(B, np.int64), np.empty(B, np.int64)
-        row, p = 0, b * B
-        while row < B:  # runs of consecutive positions inside one pool (the stream wraps at its end)
-            a = p % total
-            q = int(np.searchsorted(self.pool_items, a, side="right")) - 1
-            n = min(B - row, total - a, int(self.pool_items[q + 1]) - a)
-            lo = a - int(self.pool_items[q])
-            rec[row : row + n], items[row : row + n] = self.table(q).locate_range(lo, lo + n)
-            row, p = row + n, p + n
+        is_pad = b * B + np.arange(B, dtype=np.int64) >= total
+        rec, items = locate_stream(self.pool_items, self.table, total, b * B, B)
         if self.chunk > 1:  # a chunk's rows spread over the batch (single items are in random order already)
             perm = in_batch_permutation(self.seed, self.epoch, b, B)
             rec, items, is_pad = rec[perm], items[perm], is_pad[perm]
+        return rec, items, is_pad
+
+    def pool_rows(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of batch ``b`` of a mixed plan as ``(pool, place in the pool, item, is_pad)``: the rows of
+        :meth:`batch`, without their distinct records (what ``twins`` ``compact="pool"`` sends)."""
+        rec, items, is_pad = self._mixed_rows(b)
+        assert self.pools is not None, "a mixed plan has pools"
+        pool = np.searchsorted(self.pools, rec, side="right") - 1
+        return pool, rec - self.pools[pool], items, is_pad
+
+    def _mixed_batch(self, b: int) -> BatchItems:
+        """A batch of a mixed plan: its stream positions located through their pools' permuted chunks."""
+        B = self.batch_size
+        assert self.pools is not None, "a mixed plan has pools"
+        rec, items, is_pad = self._mixed_rows(b)
         upos, slot = distinct(rec)
         unique = self.order[upos]
         pool = np.searchsorted(self.pools, upos, side="right") - 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -42,6 +43,7 @@ __all__ = [
     "max_records_per_batch",
     "plan_fingerprint",
     "distinct",
+    "locate_stream",
 ]
 
 DEFAULT_MIX = 1024
@@ -110,6 +112,22 @@ def pool_table(items: np.ndarray, first: int, chunk: int, rng: np.random.Generat
     rec, start, length = rec[perm], start[perm], length[perm]
     cum = np.concatenate([[0], np.cumsum(length)]).astype(np.int64)
     return PoolTable(rec + first, start, cum)
+
+
+def locate_stream(pool_items: np.ndarray, table: Callable[[int], PoolTable], total: int, start: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(record position, item index)`` of the stream positions ``start, ..., start + size - 1`` (cyclic over
+    ``total``), located through the permuted chunks (``table(q)``) of the pools they fall in: runs of
+    consecutive positions inside one pool, two searches and a repeat per run."""
+    rec, items = np.empty(size, np.int64), np.empty(size, np.int64)
+    row, p = 0, start
+    while row < size:  # runs of consecutive positions inside one pool (the stream wraps at its end)
+        a = p % total
+        q = int(np.searchsorted(pool_items, a, side="right")) - 1
+        n = min(size - row, total - a, int(pool_items[q + 1]) - a)
+        lo = a - int(pool_items[q])
+        rec[row : row + n], items[row : row + n] = table(q).locate_range(lo, lo + n)
+        row, p = row + n, p + n
+    return rec, items
 
 
 def max_pools_per_batch(pool_items: np.ndarray, batch_size: int) -> int:

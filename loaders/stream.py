@@ -364,7 +364,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             slot = rings.acquire(worker) if rings is not None else None
             try:
                 buf, arrays = self.layout.allocate(shared, slot)
-                self.view.assemble(shards, plan.batch(b), arrays)
+                self.view.assemble_batch(shards, plan, b, arrays)
             except BaseException:
                 if slot is not None and rings is not None:  # nothing was sent: the slot is free again
                     rings.release(worker, slot[1].slot)
@@ -382,7 +382,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         """Global batch ``b`` of ``epoch`` built on the spot (for tests and inspection; no progress counted)."""
         buf, arrays = self.layout.allocate(False)
         self.view.decode_threads = self._decode_threads or 1
-        self.view.assemble(self._shards(), self.plan(epoch).batch(b), arrays)
+        self.view.assemble_batch(self._shards(), self.plan(epoch), b, arrays)
         return PackedBatch(buf, self._spec).unpack()
 
     def __repr__(self) -> str:

@@ -204,7 +204,7 @@ def test_view_errors(causal_cache, toy_cache):
         ShardStream(causal_cache, view="graphs", batch_size=4, seed=1.5)
     with pytest.raises(TypeError, match="twins"):
         ShardStream(causal_cache, view="twins", batch_size=4, compcat=True)
-    with pytest.raises(ValueError, match=r"compact must be True or False, got 'yes'"):
+    with pytest.raises(ValueError, match=r"compact must be True, False or 'pool', got 'yes'"):
         ShardStream(causal_cache, view="twins", batch_size=4, compact="yes")
     with pytest.raises(ValueError, match="JSON"):
         ShardStream(toy_cache, view="records", batch_size=4, fields=["json"])

@@ -18,7 +18,7 @@ from cachebuild.format.manifest import FieldSchema, Manifest
 from cachebuild.format.names import JSON_DTYPE
 from loaders.batch import Field, Layout
 from cachebuild.format.reader import ShardSet
-from loaders.plan import BatchItems
+from loaders.plan import BatchItems, EpochPlan
 
 __all__ = ["View", "check_mixing", "resolve_delta", "DELTA_MODES", "ShapesFn", "pad_mask", "copy_repeats", "subtract_into", "field_layout", "array_fields", "require_fields"]
 
@@ -86,6 +86,11 @@ class View:
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
         """Fill the pre-allocated (and pre-filled) arrays ``out`` of one batch."""
         raise NotImplementedError
+
+    def assemble_batch(self, shards: ShardSet, plan: EpochPlan, b: int, out: dict[str, np.ndarray]) -> None:
+        """Fill ``out`` with global batch ``b`` of ``plan`` (what the stream calls): :meth:`assemble` of
+        ``plan.batch(b)``; a view that needs less of the plan may ask it for less."""
+        self.assemble(shards, plan.batch(b), out)
 
 
 def check_mixing(view: str, mix: int | None, chunk: int) -> tuple[int | None, int]:

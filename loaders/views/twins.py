@@ -57,6 +57,18 @@ about 40x). :func:`expand_compact` rebuilds the default keys from it on the
 GPU (``base_samples = ctx_base[graph_index]``,
 ``int_samples = ctx_int[world_index]``, ...).
 
+``compact="pool"`` sends no context at all: each row says where its graph lies in the
+epoch's mixing pools, and a :class:`loaders.twins_context.TwinsContext` in the consumer
+process holds the decoded pools (read from the cache there, each once per epoch) and
+rebuilds the default keys from them on the device. Keys (the rows, their order and mixing
+are those of the other modes): ``pool`` int32 ``[B]`` (the pool of the row's graph),
+``pool_index`` int32 ``[B]`` (the graph's place in its pool: record id
+``plan.pool_records(pool)[pool_index]``), ``int_index``, ``row_index`` int32 ``[B]``,
+``is_pad`` bool ``[B]`` and ``plan`` int64 ``[3]``: the plan's fingerprint
+(:meth:`loaders.plan.EpochPlan.fingerprint`), the epoch and the global batch number, so
+the consumer finds the pools. 17 bytes per row instead of ~900; needs a mixed plan
+(``shuffle=True``, ``mix`` set).
+
 ``delta="computed"`` takes ``int_row - target_row`` (float32, bit-identical
 to the stored delta of a causal cache) instead of decompressing ``delta``;
 ``"auto"`` (default) does so for causal caches, ``"stored"`` reads the field.
@@ -72,18 +84,21 @@ from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
-from loaders.plan import BatchItems
+from loaders.plan import BatchItems, EpochPlan
 from loaders.pools import distinct
 from loaders.pools import DEFAULT_MIX, chunk_lengths, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, pad_mask, require_fields, resolve_delta
 from loaders.views.store import Dense, RecordStore
 
-__all__ = ["TwinsView", "expand_compact", "max_graphs_per_batch", "max_worlds_per_batch", "DEFAULT_TWIN_CHUNK", "auto_twin_chunk"]
+__all__ = ["TwinsView", "expand_compact", "max_graphs_per_batch", "max_worlds_per_batch", "DEFAULT_TWIN_CHUNK", "auto_twin_chunk", "decode_twins", "POOL_KEYS"]
 
 _ROW_KEYS = ("target_row", "int_row", "delta", "int_mask", "int_node_idx", "value", "int_index", "row_index")
 
 DEFAULT_TWIN_CHUNK = 8
 TWIN_CHUNKS_PER_BATCH = 512
+_NO_POOLS = "view 'twins': compact='pool' needs a mixed plan (shuffle=True and mix set); this plan has no pools"
+POOL_KEYS = ("pool", "pool_index", "int_index", "row_index", "is_pad", "plan")
+"""The keys of a ``compact="pool"`` batch."""
 
 
 def auto_twin_chunk(batch_size: int, rows: int) -> int:
@@ -122,12 +137,21 @@ def max_worlds_per_batch(items_per_graph: np.ndarray, batch_size: int, rows: int
     return int(min(worlds, batch_size, max(mixed, plain)))
 
 
+def decode_twins(shards: ShardSet, ids: np.ndarray, fields: list[str], threads: int, arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
+    """Decode the graphs ``ids`` into the padded ``arrays[name][dest]`` (zeroed before): ``fields``
+    (``delta`` among them when it is read) and ``n``, the nodes of each graph."""
+    blocks = read_block(shards, ids, fields, threads)
+    for name in fields:
+        blocks[name].scatter(arrays[name], dest)
+    arrays["n"][dest] = blocks["adj"].shapes[:, 0]
+
+
 class TwinsView(View):
     """Twin rows of a causal cache, mixed across a pool of graphs; ``compact`` context once per graph and world."""
 
     name = "twins"
 
-    def __init__(self, manifest: Manifest, batch_size: int, compact: bool = False, delta: str = "auto", mix: int | None = DEFAULT_MIX, chunk: int | None = None):
+    def __init__(self, manifest: Manifest, batch_size: int, compact: bool | str = False, delta: str = "auto", mix: int | None = DEFAULT_MIX, chunk: int | None = None):
         super().__init__(manifest, batch_size)
         delta = resolve_delta(manifest, delta)
         need = ["adj", "base", "int", "targets", "values"] + (["delta"] if delta == "stored" else [])
@@ -136,9 +160,11 @@ class TwinsView(View):
         self.mix, self.chunk = check_mixing(self.name, mix, auto_twin_chunk(batch_size, base.max_shape[0]) if chunk is None else chunk)
         if base.min_shape[:1] != base.max_shape[:1]:
             raise ValueError(f"view 'twins' needs the same number of base rows in every graph; cache has {base.min_shape[0]}..{base.max_shape[0]}")
-        if not isinstance(compact, (bool, np.bool_)):
-            raise ValueError(f"view 'twins': compact must be True or False, got {compact!r}")
-        self.compact = bool(compact)
+        if not isinstance(compact, (bool, np.bool_)) and compact != "pool":
+            raise ValueError(f"view 'twins': compact must be True, False or 'pool', got {compact!r}")
+        if compact == "pool" and self.mix is None:
+            raise ValueError("view 'twins': compact='pool' needs mixing pools (mix=None has none)")
+        self.compact: bool | str = "pool" if compact == "pool" else bool(compact)
         self.delta = delta
         self.n_max = manifest.schema("adj").max_shape[0]
         self.k_max = manifest.schema("targets").max_shape[0]
@@ -157,13 +183,14 @@ class TwinsView(View):
         }
         if delta == "stored":
             dense["delta"] = Dense((K, S, N), "float32")
-        self.store = RecordStore(dense, self._decode_into)
+        self.fields = dense
+        self.store: RecordStore | None = None if self.compact == "pool" else RecordStore(dense, self._decode_into)  # pool: decoded by the consumer
 
     def options(self) -> dict[str, Any]:
         return {"compact": self.compact, "delta": self.delta, "mix": self.mix, "chunk": self.chunk}
 
     def decoded_fields(self) -> list[str]:
-        return list(self._decode)
+        return [] if self.compact == "pool" else list(self._decode)
 
     def bind(self, shapes: ShapesFn) -> np.ndarray:
         ints = shapes("int")
@@ -180,6 +207,9 @@ class TwinsView(View):
             raise RuntimeError("TwinsView.layout() needs bind() first (the stream calls it)")
         B, N, S, G, V = self.batch_size, self.n_max, self.s, self.g_max, self.w_max
         f32 = "float32"
+        if self.compact == "pool":
+            kinds = ("int32", "int32", "int32", "int32", "bool")
+            return Layout({**{k: Field((B,), d) for k, d in zip(POOL_KEYS, kinds)}, "plan": Field((3,), "int64")})
         keys = {
             "target_row": Field((B, N), f32),
             "int_row": Field((B, N), f32),
@@ -216,12 +246,11 @@ class TwinsView(View):
         return Layout(keys)
 
     def _decode_into(self, shards: ShardSet, ids: np.ndarray, arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
-        blocks = read_block(shards, ids, self._decode, self.decode_threads)
-        for name in ("base", "int", "adj", "targets", "values") + (("delta",) if self.delta == "stored" else ()):
-            blocks[name].scatter(arrays[name], dest)
-        arrays["n"][dest] = blocks["adj"].shapes[:, 0]
+        decode_twins(shards, ids, self._decode, self.decode_threads, arrays, dest)
 
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
+        if self.store is None:
+            return self._pool_rows(items, out)
         G = len(items.unique)
         if self.g_max is None or G > self.g_max:
             raise RuntimeError(f"batch {items.index} spans {G} graphs, more than the planned {self.g_max}")
@@ -230,6 +259,30 @@ class TwinsView(View):
             self._gather(graphs, where, items, out)
         finally:
             self.store.finish_batch()  # shared pools this batch read may be reused
+
+    def assemble_batch(self, shards: ShardSet, plan: EpochPlan, b: int, out: dict[str, np.ndarray]) -> None:
+        if self.store is not None:
+            return super().assemble_batch(shards, plan, b, out)
+        if plan.pools is None:
+            raise ValueError(_NO_POOLS)
+        pool, place, items, is_pad = plan.pool_rows(b)  # the rows of plan.batch(b), without its distinct records
+        self._write_pool_rows(pool, place, items, is_pad, out)
+        out["plan"][...] = (plan.fingerprint(), plan.epoch, b)
+
+    def _pool_rows(self, items: BatchItems, out: dict[str, np.ndarray]) -> None:
+        """A ``compact="pool"`` batch from its items: where each row's graph lies in the pools, nothing decoded."""
+        if items.pool is None or items.pool_index is None:
+            raise ValueError(_NO_POOLS)
+        self._write_pool_rows(items.pool[items.slot], items.pool_index[items.slot], items.items, items.is_pad, out)
+        out["plan"][...] = (items.plan_id, items.plan_key[1], items.index)  # plan_key: (seed, epoch, ...)
+
+    def _write_pool_rows(self, pool: np.ndarray, place: np.ndarray, items: np.ndarray, is_pad: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        k = items // self.s
+        out["pool"][...] = pool
+        out["pool_index"][...] = place
+        out["int_index"][...] = k
+        out["row_index"][...] = items - k * self.s
+        out["is_pad"][...] = is_pad
 
     def _gather(self, graphs: dict[str, np.ndarray], where: np.ndarray, items: BatchItems, out: dict[str, np.ndarray]) -> None:
         """Fill the batch's keys from the decoded graphs (``where[g]``: the row of ``items.unique[g]``)."""

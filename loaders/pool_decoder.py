@@ -1,0 +1,163 @@
+"""Where a :class:`loaders.TwinsContext` decodes its pools: a thread of the trainer's process, or a process of its own.
+
+Both decode one pool at a time into rows of the context's host regions and
+hand back a handle whose ``result()`` waits for it (raising the decode's error,
+a one-line :class:`~cachebuild.errors.CacheBuildError` as the reader raised it).
+
+* :class:`ThreadDecoder`: one background thread (zstd releases the GIL; the
+  rest of a decode, its planning and copies, shares the GIL with the trainer's
+  loop). Regions are ordinary (or pinned) host memory.
+* :class:`ProcessDecoder`: one process (forked where the platform can, as
+  DataLoader workers are; started once) decoding into regions in shared memory, so no GIL is shared: on
+  a trainer whose loop keeps the GIL busy, the decode runs beside it. The
+  process gets the shard set with a request only when it changed (another
+  generation); it ends with the context (``close``), or with the trainer's
+  process (a daemon, its pipe closed).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any, Protocol
+
+import numpy as np
+
+from cachebuild.errors import SharedMemoryError
+from cachebuild.format.reader import ShardSet
+from loaders.loader import shm_free_bytes
+from loaders.views.twins import decode_twins
+
+__all__ = ["Pending", "ThreadDecoder", "ProcessDecoder", "decode_rows", "DECODERS"]
+
+DECODERS = ("thread", "process")
+_Spec = dict[str, tuple[tuple[int, ...], str, int]]  # field -> (shape with rows, dtype, byte offset)
+
+
+class Pending(Protocol):
+    """A pool being decoded: ``result()`` waits for it (and raises its error)."""
+
+    def result(self) -> Any: ...
+
+
+def decode_rows(shards: ShardSet, ids: np.ndarray, decode: list[str], threads: int, host: dict[str, np.ndarray], lo: int, zero: list[str], copied: Any = None) -> None:
+    """Decode the graphs ``ids`` (one pool) into rows ``lo, lo+1, ...`` of ``host`` (its padded fields ``zero``
+    zeroed first), with their record ids; after ``copied`` (the CUDA copy of those rows before), if any."""
+    if copied is not None:
+        copied.synchronize()
+    hi = lo + len(ids)
+    for k in zero:
+        host[k][lo:hi] = 0
+    decode_twins(shards, ids, decode, threads, host, np.arange(lo, hi, dtype=np.int64))
+    host["record_id"][lo:hi] = ids
+
+
+class ThreadDecoder:
+    """Decodes on one thread of this process into ``host`` (arrays the caller owns)."""
+
+    def __init__(self, host: dict[str, np.ndarray], decode: list[str], threads: int):
+        self.host, self.decode, self.threads = host, decode, threads
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="twins-context")
+
+    def submit(self, shards: ShardSet, ids: np.ndarray, lo: int, zero: list[str], copied: Any = None) -> Future[None]:
+        return self._thread.submit(decode_rows, shards, ids, self.decode, self.threads, self.host, lo, zero, copied)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+
+
+def _arrays(buf: Any, spec: _Spec) -> dict[str, np.ndarray]:
+    return {k: np.ndarray(shape, dtype, buffer=buf, offset=off) for k, (shape, dtype, off) in spec.items()}
+
+
+def _serve(conn: Connection, name: str, spec: _Spec, decode: list[str], threads: int) -> None:
+    """The decode process: requests ``(shards or None, ids, lo, zero)`` until ``None`` or a closed pipe."""
+    shm = SharedMemory(name=name)
+    try:
+        host, shards = _arrays(shm.buf, spec), None
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                return
+            if msg is None:
+                return
+            new, ids, lo, zero = msg
+            shards = new if new is not None else shards
+            try:
+                decode_rows(shards, ids, decode, threads, host, lo, zero)  # type: ignore[arg-type]
+                conn.send(None)
+            except Exception as exc:  # to the trainer, as raised
+                conn.send(exc)
+            del ids
+        del host
+    finally:
+        shm.close()
+
+
+class _Reply:
+    def __init__(self, conn: Connection, proc: Any):
+        self.conn, self.proc, self.done = conn, proc, False
+        self.error: BaseException | None = None
+
+    def result(self) -> None:
+        if not self.done:
+            self.done = True
+            try:
+                self.error = self.conn.recv()
+            except (EOFError, OSError):
+                self.error = RuntimeError(f"the TwinsContext decode process ended (exit code {self.proc.exitcode}) before its pool was decoded")
+        if self.error is not None:
+            raise self.error
+
+
+class ProcessDecoder:
+    """Decodes in a spawned process into shared memory of ``rows`` rows of ``fields`` (``name -> (shape, dtype)``)."""
+
+    def __init__(self, fields: dict[str, tuple[tuple[int, ...], str]], rows: int, decode: list[str], threads: int):
+        spec, pos = {}, 0
+        for k, (shape, dtype) in fields.items():
+            full = (rows,) + tuple(shape)
+            spec[k] = (full, dtype, pos)
+            pos += -(-int(np.prod(full, dtype=np.int64)) * np.dtype(dtype).itemsize // 64) * 64
+        free = shm_free_bytes()
+        if free is not None and pos > free // 2:
+            raise SharedMemoryError(f"TwinsContext(decoder='process') needs {pos / 1e6:.0f} MB of shared memory for its pools, and /dev/shm has {free / 1e6:.0f} MB free: use decoder='thread'")
+        self._shm = SharedMemory(create=True, size=max(pos, 64))
+        self.host = _arrays(self._shm.buf, spec)
+        # forked as the DataLoader's workers are (the child touches no CUDA: numpy and zstd only); spawn would
+        # re-run a user's script that has no ``if __name__ == "__main__"`` guard
+        ctx: Any = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, self._shm.name, spec, decode, threads), daemon=True, name="twins-context-decoder")
+        self._proc.start()
+        child.close()
+        self._sent: ShardSet | None = None
+        self._last: _Reply | None = None
+
+    def submit(self, shards: ShardSet, ids: np.ndarray, lo: int, zero: list[str], copied: Any = None) -> _Reply:
+        if copied is not None:
+            copied.synchronize()
+        if self._last is not None and not self._last.done:
+            self._last.result()  # one request at a time (the context waits for each anyway)
+        self._conn.send((shards if shards is not self._sent else None, ids, lo, zero))
+        self._sent = shards
+        self._last = _Reply(self._conn, self._proc)
+        return self._last
+
+    def close(self) -> None:
+        try:
+            if self._last is not None and not self._last.done:
+                self._last.result()
+            self._conn.send(None)
+        except Exception:  # a process already gone: nothing to stop
+            pass
+        self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._conn.close()
+        self.host = {}
+        self._shm.close()
+        self._shm.unlink()
