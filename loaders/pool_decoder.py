@@ -11,13 +11,17 @@ a one-line :class:`~cachebuild.errors.CacheBuildError` as the reader raised it).
   DataLoader workers are; started once) decoding into regions in shared memory, so no GIL is shared: on
   a trainer whose loop keeps the GIL busy, the decode runs beside it. The
   process gets the shard set with a request only when it changed (another
-  generation); it ends with the context (``close``), or with the trainer's
-  process (a daemon, its pipe closed).
+  generation); it ends with the context (``close``, or the context dropped
+  and garbage collected), at the trainer's exit (an exception, Ctrl-C), or
+  within a second of the trainer's process being killed; its ``/dev/shm``
+  segment goes with it in each case.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
@@ -72,12 +76,18 @@ def _arrays(buf: Any, spec: _Spec) -> dict[str, np.ndarray]:
     return {k: np.ndarray(shape, dtype, buffer=buf, offset=off) for k, (shape, dtype, off) in spec.items()}
 
 
-def _serve(conn: Connection, name: str, spec: _Spec, decode: list[str], threads: int) -> None:
-    """The decode process: requests ``(shards or None, ids, lo, zero)`` until ``None`` or a closed pipe."""
+def _serve(conn: Connection, name: str, spec: _Spec, decode: list[str], threads: int, parent: int) -> None:
+    """The decode process: requests ``(shards or None, ids, lo, zero)`` until ``None``, a closed pipe, or the
+    end of the trainer's process ``parent`` (killed: its pipe may stay open in processes forked from it since,
+    so that is checked every second; the shared memory is then unlinked here, as ``close`` would have)."""
     shm = SharedMemory(name=name)
     try:
         host, shards = _arrays(shm.buf, spec), None
         while True:
+            while not conn.poll(1.0):
+                if os.getppid() != parent:
+                    shm.unlink()
+                    return
             try:
                 msg = conn.recv()
             except EOFError:
@@ -131,11 +141,14 @@ class ProcessDecoder:
         # re-run a user's script that has no ``if __name__ == "__main__"`` guard
         ctx: Any = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, self._shm.name, spec, decode, threads), daemon=True, name="twins-context-decoder")
+        self._proc = ctx.Process(target=_serve, args=(child, self._shm.name, spec, decode, threads, os.getpid()), daemon=True, name="twins-context-decoder")
         self._proc.start()
         child.close()
         self._sent: ShardSet | None = None
         self._last: _Reply | None = None
+        # a context dropped without close(), or still open when the interpreter exits (an exception, Ctrl-C):
+        # the process is stopped and the segment unlinked all the same
+        self._finalizer = weakref.finalize(self, _stop, self._conn, self._proc, self._shm, os.getpid())
 
     def submit(self, shards: ShardSet, ids: np.ndarray, lo: int, zero: list[str], copied: Any = None) -> _Reply:
         if copied is not None:
@@ -151,13 +164,31 @@ class ProcessDecoder:
         try:
             if self._last is not None and not self._last.done:
                 self._last.result()
-            self._conn.send(None)
         except Exception:  # a process already gone: nothing to stop
             pass
-        self._proc.join(timeout=10)
-        if self._proc.is_alive():
-            self._proc.kill()
-        self._conn.close()
         self.host = {}
-        self._shm.close()
-        self._shm.unlink()
+        self._finalizer()
+
+
+def _stop(conn: Connection, proc: Any, shm: SharedMemory, owner: int) -> None:
+    """Stop the decode process and free its shared memory (once: ``close``, garbage collection or exit), in the
+    process that started it only (not in a DataLoader worker forked with a copy of the context)."""
+    if os.getpid() != owner:
+        return
+    try:
+        conn.send(None)
+    except Exception:  # a process already gone: nothing to stop
+        pass
+    proc.join(timeout=10)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=10)
+    conn.close()
+    try:
+        shm.close()
+    except BufferError:  # arrays still view it (at exit): the mapping goes with the process
+        pass
+    try:
+        shm.unlink()
+    except FileNotFoundError:
+        pass

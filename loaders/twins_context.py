@@ -80,6 +80,33 @@ def batch_pools(plan: EpochPlan, b: int) -> np.ndarray:
     return np.concatenate([np.arange(qa, Q), np.arange(0, qz + 1)]).astype(np.int64)
 
 
+def _stream_of(source: Any) -> ShardStream:
+    """The stream behind ``source``: itself, a :func:`loaders.make_loader` loader's ``stream``, or a DataLoader's
+    (plain or torchdata's ``StatefulDataLoader``) ``dataset``."""
+    for got in (source, getattr(source, "stream", None), getattr(source, "dataset", None)):
+        if isinstance(got, ShardStream):
+            return got
+    raise TypeError(f"TwinsContext needs the ShardStream(view='twins', compact='pool') the batches come from (or a loader over it), got {type(source).__name__} {source!r:.80}")
+
+
+def _device(device: str | torch.device) -> torch.device:
+    """``device`` parsed, and usable here (one line otherwise, naming it)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"TwinsContext: device={device!r} is not a torch device ('cpu', 'cuda', 'cuda:1', ...)") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"TwinsContext: device={device!r}, but this torch sees no CUDA device (torch.cuda.is_available() is False): use device='cpu'")
+    return dev
+
+
+def _pool_batch(batch: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``batch``, if it is one of ``compact="pool"`` (else one line saying what it is not)."""
+    if not all(k in batch for k in ("plan", "pool", "pool_index")):
+        raise ValueError(f"TwinsContext: not a compact='pool' twins batch (no 'plan', 'pool', 'pool_index'; its keys: {', '.join(list(batch)[:6])}, ...): make its stream with compact='pool'")
+    return batch
+
+
 class TwinsContext:
     """The decoded pools that ``compact="pool"`` batches of ``stream`` point into (see the module docstring).
 
@@ -94,14 +121,14 @@ class TwinsContext:
     """
 
     def __init__(self, stream: Any, device: str | torch.device = "cpu", prefetch: bool = True, threads: int = 1, decoder: str = "thread"):
-        stream = getattr(stream, "stream", stream)  # a StreamLoader: the stream the trainer holds
+        stream = _stream_of(stream)
         view = stream.view
         if getattr(view, "name", None) != "twins" or getattr(view, "compact", None) != "pool":
             raise ValueError(f"TwinsContext needs a ShardStream(view='twins', compact='pool'); this one is view={stream.config.view!r} with options {stream.config.view_options}")
         if not stream.config.shuffle:
             raise ValueError("TwinsContext: compact='pool' needs a mixed plan, and shuffle=False has no pools")
         self.stream: ShardStream = stream
-        self.device = torch.device(device)
+        self.device = _device(device)
         self.prefetch = prefetch
         self.threads = int(threads)
         self._dims = self._view_dims()
@@ -133,6 +160,7 @@ class TwinsContext:
     @staticmethod
     def meta(batch: Mapping[str, Any]) -> tuple[int, int, int]:
         """``(plan fingerprint, epoch, global batch)`` of a ``compact="pool"`` batch (read on the host)."""
+        _pool_batch(batch)
         fingerprint, epoch, b = (int(x) for x in batch["plan"].tolist())
         return fingerprint, epoch, b
 
@@ -144,6 +172,10 @@ class TwinsContext:
             meta = self.meta(batch)
         fingerprint, epoch, b = meta
         plan = self._plan(epoch, fingerprint)
+        if batch is not None and len(_pool_batch(batch)["pool"]) != plan.batch_size:  # (same pools, other batch numbers: wrong pools held)
+            raise CacheMismatchError(
+                f"twins batch of {len(batch['pool'])} rows, but {self.stream.root} makes batches of {plan.batch_size} here: build the TwinsContext from the stream the batches came from"
+            )
         need = batch_pools(plan, b)
         pools = len(plan.pool_items) - 1 if plan.pool_items is not None else 0
         if (plan.pool_size, plan.pool_span + 1) != (self._size, len(self._held)):
