@@ -111,13 +111,20 @@ class TwinsContext:
     """The decoded pools that ``compact="pool"`` batches of ``stream`` point into (see the module docstring).
 
     Args:
-        stream: the :class:`loaders.ShardStream` (or a :func:`loaders.make_loader` loader of it)
-            whose batches are expanded; its plan says where the rows' graphs lie.
-        device: where the context lives and :meth:`expand` builds the keys.
+        stream: the :class:`loaders.ShardStream` (``view="twins", compact="pool"``, shuffled) whose batches
+            are expanded, or a loader over it (:func:`loaders.make_loader`, a plain ``DataLoader`` or torchdata's
+            ``StatefulDataLoader``); its plan says where the rows' graphs lie. Make one per consuming process
+            (each DDP rank its own) and keep it across epochs and resumes.
+        device: where the context lives and :meth:`expand` builds the keys (``"cuda"`` only where torch
+            sees a GPU: a one-line ``ValueError`` otherwise, as for a name torch does not know).
         prefetch: decode the next pool in the background after each batch.
         threads: zstd threads of a pool's decode.
         decoder: ``"thread"`` (a thread of this process) or ``"process"`` (a process of its own, decoding
             into shared memory: no GIL shared with the trainer's loop), see :mod:`loaders.pool_decoder`.
+
+    Use it as a context manager or :meth:`close` it; a dropped context's decode process stops by itself.
+    A batch that is not ``compact="pool"`` is a ``ValueError``; one of another plan or batch size (another
+    stream) a :class:`~cachebuild.errors.CacheMismatchError`.
     """
 
     def __init__(self, stream: Any, device: str | torch.device = "cpu", prefetch: bool = True, threads: int = 1, decoder: str = "thread"):
@@ -366,7 +373,8 @@ class TwinsContext:
 
     # ---- lifetime
     def close(self) -> None:
-        """Stop the decoder, free the pools, close the shard set."""
+        """Stop the decoder (and its process), free the pools, close the shard set. A later :meth:`expand`
+        starts again from nothing (and must be closed again)."""
         try:
             self._drain()
         finally:
