@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import http.client
 import os
 import tempfile
 import threading
@@ -38,6 +39,7 @@ __all__ = ["is_remote", "RemoteOptions", "fetch_manifest", "LocalShardCache", "S
 
 _CHUNK = 4 << 20
 _TMP = ".part-"
+_PROGRESS_BYTES = 1 << 20  # a download must receive this much within each timeout_s
 
 
 def is_remote(location: str | os.PathLike[str]) -> bool:
@@ -51,9 +53,12 @@ class RemoteOptions:
     """How to read a remote cache.
 
     ``cache_dir``: local folder for fetched shards (default ``$CACHEBUILD_CACHE_DIR``,
-    else ``/dev/shm/cachebuild-remote`` when /dev/shm exists, else the temp folder);
+    else ``/dev/shm/cachebuild-remote-<uid>`` when /dev/shm exists, else the same name in
+    the temp folder: one per user, so users of a node never share or block each other's);
     ``cache_limit_bytes``: the most that folder may hold; ``prefetch``: shards
-    fetched ahead of use; ``timeout_s`` per request; ``retries`` per file.
+    fetched ahead of use; ``timeout_s`` per request, and the longest a download may go
+    without receiving ``_PROGRESS_BYTES`` (1 MiB; a server trickling bytes is a stall);
+    ``retries`` per file.
     """
 
     cache_dir: str | None = None
@@ -66,7 +71,8 @@ class RemoteOptions:
     def resolved_cache_dir(self, url: str) -> Path:
         base = self.cache_dir or os.environ.get("CACHEBUILD_CACHE_DIR")
         if not base:
-            base = "/dev/shm/cachebuild-remote" if Path("/dev/shm").is_dir() else str(Path(tempfile.gettempdir()) / "cachebuild-remote")
+            name = f"cachebuild-remote-{os.getuid()}"
+            base = f"/dev/shm/{name}" if Path("/dev/shm").is_dir() else str(Path(tempfile.gettempdir()) / name)
         return Path(base) / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
 
 
@@ -84,17 +90,24 @@ def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
         try:
             return action()
         except urllib.error.HTTPError as exc:
+            exc.close()
             if exc.code in (404, 403, 401) or attempt == opts.retries:
-                raise RemoteError(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}") from exc
+                raise RemoteError(_one_line(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}")) from exc
         except (FileNotFoundError, PermissionError) as exc:  # fsspec's 404 / 403 (s3fs): a retry changes nothing
             what = "not found" if isinstance(exc, FileNotFoundError) else "permission denied"
             raise RemoteError(f"cannot fetch {url}: {what} ({exc})") from exc
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, http.client.HTTPException) as exc:  # HTTPException: a broken server (bad status line, ...)
             if attempt == opts.retries:
-                raise RemoteError(f"cannot fetch {url} after {opts.retries + 1} attempts: {exc}") from exc
+                what = _one_line(str(exc)) or type(exc).__name__
+                raise RemoteError(f"cannot fetch {url} after {opts.retries + 1} attempts: {what}") from exc
         time.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")
+
+
+def _one_line(text: str) -> str:
+    """A server's or library's message on one line (urllib's redirect-loop reason spans three)."""
+    return " ".join(text.split())
 
 
 def fetch_manifest(url: str, opts: RemoteOptions = RemoteOptions()) -> Manifest:
@@ -115,7 +128,16 @@ class LocalShardCache:
     def __init__(self, folder: Path, limit_bytes: int):
         self.folder = Path(folder)
         self.limit = int(limit_bytes)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            owner = self.folder.stat().st_uid
+        except OSError as exc:
+            raise RemoteError(f"local cache folder {self.folder}: cannot create it ({exc.strerror}); set RemoteOptions(cache_dir=...)") from exc
+        if owner != os.getuid():
+            raise RemoteError(
+                f"local cache folder {self.folder}: owned by uid {owner}, not by this user (uid {os.getuid()}); its files would be "
+                "trusted as checked downloads, so it is refused: set RemoteOptions(cache_dir=...) to a folder of your own"
+            )
         self._lock_path = self.folder / ".lock"
 
     @contextmanager
@@ -163,9 +185,9 @@ class LocalShardCache:
     def reserve(self, name: str, size: int, keep: set[str]) -> Path:
         """Make room for ``size`` bytes, evicting LRU files not in ``keep``; return a temp path."""
         if size > self.limit:
-            raise RemoteError(f"file {name} ({size} bytes) is larger than the local cache limit ({self.limit} bytes); raise cache_limit_bytes")
+            raise RemoteError(f"file {self.folder / name} ({size} bytes) is larger than the local cache limit ({self.limit} bytes); raise cache_limit_bytes")
         with self._locked():
-            entries = self._entries()
+            entries = [(p, st) for p, st in self._entries() if not _stale_download(p)]
             used = sum(_reserved_size(p) if p.name.startswith(_TMP) else st.st_size for p, st in entries)
             victims = sorted((st.st_mtime, p, st.st_size) for p, st in entries if not p.name.startswith(_TMP) and p.name not in keep)
             while used + size > self.limit and victims:
@@ -185,6 +207,25 @@ class LocalShardCache:
         with self._locked():
             os.replace(tmp, final)
         return final
+
+
+def _stale_download(p: Path) -> bool:
+    """Remove and report a temp file left by a download whose process is gone (killed: its
+    ``finally`` never ran), so that its reservation does not hold the folder's room for ever.
+    Its name says its process: ``.part-<size>-<pid>-...``. Called under the folder's lock."""
+    if not p.name.startswith(_TMP):
+        return False
+    try:
+        pid = int(p.name[len(_TMP) :].split("-")[1])
+        os.kill(pid, 0)
+        return False
+    except PermissionError:  # alive, another user's
+        return False
+    except ProcessLookupError:
+        p.unlink(missing_ok=True)
+        return True
+    except (ValueError, IndexError):  # not one of ours: counted at its size
+        return False
 
 
 def _reserved_size(p: Path) -> int:
@@ -236,14 +277,26 @@ class ShardFetcher:
                 h = hashlib.sha256()
                 got = 0
                 with _open_url(url, self.opts) as src, open(tmp, "wb") as dst:
-                    while chunk := src.read(_CHUNK):
+                    # read1: return what arrived, so a trickling server is seen (read(n) waits for all n)
+                    read = src.read1 if isinstance(src, http.client.HTTPResponse) else src.read
+                    mark, since = time.monotonic(), 0
+                    while chunk := read(min(_CHUNK, size + 1 - got)):  # never more than size + 1: the reservation bounds the disk
                         h.update(chunk)
                         dst.write(chunk)
                         got += len(chunk)
+                        since += len(chunk)
+                        if got > size:
+                            raise OSError(f"the server sent more bytes than the manifest's {size} (another file?)")
+                        if since >= _PROGRESS_BYTES:
+                            mark, since = time.monotonic(), 0
+                        elif time.monotonic() - mark > self.opts.timeout_s:
+                            raise TimeoutError(f"stalled: under {_PROGRESS_BYTES} bytes in {self.opts.timeout_s} s ({got} of {size} bytes)")
+                    encoding = src.headers.get("Content-Encoding") if isinstance(src, http.client.HTTPResponse) else None
                 if got != size:
-                    raise OSError(f"got {got} bytes, manifest says {size} (connection cut?)")
+                    why = f"the server sent it with Content-Encoding {encoding}; serve the files as they are" if encoding else "connection cut?"
+                    raise OSError(f"got {got} bytes, manifest says {size} ({why})")
                 if h.hexdigest() != sha256:
-                    raise ShardCorruptError(f"{url}: sha256 of the downloaded file differs from the manifest (corrupt at the source?)")
+                    raise ShardCorruptError(f"{url}: sha256 of the downloaded file differs from the manifest (the cache at the URL changed since its manifest was read, or is corrupt there)")
                 return self.cache.commit(tmp, local)
             finally:
                 tmp.unlink(missing_ok=True)

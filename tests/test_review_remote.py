@@ -1,0 +1,223 @@
+"""Review of remote streaming (2026-11-24): a real HTTP server on 127.0.0.1 that misbehaves
+(``remote_fixtures.serve_hostile``), the local cache folder under hostile conditions, and a
+DataLoader with workers meeting a failing server. Each test names the defect it guards."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cachebuild.errors import RemoteError, ShardCorruptError
+from cachebuild.format.reader import open_shard
+from loader_fixtures import build_causal
+from loaders import ShardStream, make_loader
+from loaders.remote import LocalShardCache, RemoteOptions, ShardFetcher, fetch_manifest
+from remote_fixtures import send_bytes, serve_folder, serve_hostile
+
+TAR = "shard-00000.tar"
+
+
+def _opts(tmp_path: Path, limit: int = 1 << 26, **kw) -> RemoteOptions:
+    kw = {"timeout_s": 1.0, "retries": 0, "prefetch": 1, **kw}
+    return RemoteOptions(cache_dir=str(tmp_path / "local"), cache_limit_bytes=limit, **kw)
+
+
+def _fetch_first(url: str, opts: RemoteOptions) -> None:
+    m = fetch_manifest(url, opts)
+    f = ShardFetcher(url, m, opts)
+    try:
+        with f.open(0, lambda tar, idx: open_shard(m, m.shards[0], tar, idx)):
+            pass
+    finally:
+        f.close()
+
+
+def _one_line_remote_error(info: pytest.ExceptionInfo, url: str) -> str:
+    text = str(info.value)
+    assert "\n" not in text, f"not one line: {text!r}"
+    assert f"{url}/{TAR}" in text
+    return text
+
+
+def test_more_bytes_than_the_manifest_says_never_fill_the_local_folder(toy_cache, tmp_path):
+    """Was: the download loop read to the end of the body, so a server streaming an endless (or a
+    larger) file wrote all of it into the local folder, far past the limit, before the size check."""
+    tar = (toy_cache / TAR).read_bytes()
+    limit = 4 * len(tar)
+    opts = _opts(tmp_path, limit)
+    folder = opts.resolved_cache_dir("x")  # (created by the fetcher; watched once it exists)
+    peak = [0]
+    stop = threading.Event()
+
+    def watch(folder: Path) -> None:
+        while not stop.is_set():
+            if folder.is_dir():
+                peak[0] = max(peak[0], sum(p.stat().st_size for p in folder.iterdir() if p.is_file()))
+            time.sleep(0.0005)
+
+    with serve_hostile(toy_cache, {TAR: send_bytes(tar + b"\0" * (40 << 20))}) as url:
+        folder = opts.resolved_cache_dir(url)
+        t = threading.Thread(target=watch, args=(folder,))
+        t.start()
+        try:
+            with pytest.raises(RemoteError, match="more bytes than the manifest's") as info:
+                _fetch_first(url, opts)
+        finally:
+            stop.set()
+            t.join()
+    _one_line_remote_error(info, url)
+    assert peak[0] <= limit, f"local folder held {peak[0]} bytes > limit {limit}"
+    assert not list(folder.glob(".part-*"))
+
+
+def test_a_broken_status_line_is_a_remote_error_naming_the_url(toy_cache, tmp_path):
+    """Was: http.client.BadStatusLine (not an OSError) escaped the retry loop as a raw traceback."""
+
+    def garbage(h) -> None:
+        h.wfile.write(b"HELLO not http\r\n\r\n")
+        h.close_connection = True
+
+    with serve_hostile(toy_cache, {TAR: garbage}) as url:
+        with pytest.raises(RemoteError, match=r"after 2 attempts: HELLO not http") as info:
+            _fetch_first(url, _opts(tmp_path, retries=1))
+    _one_line_remote_error(info, url)
+
+
+def _redirect(location: str):
+    def trick(h) -> None:
+        h.send_response(302)
+        h.send_header("Location", location)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    return trick
+
+
+def test_redirects_loops_and_file_urls_are_one_line_other_hosts_are_checked_by_sha256(toy_cache, tmp_path):
+    """Was: urllib's redirect-loop reason spans three lines, and went into the error as is.
+    Held: a redirect to file:// is refused; one to another host or port is followed (CDNs, presigned
+    object URLs), and what it serves is still checked against the manifest's sha256."""
+    with serve_hostile(toy_cache, {TAR: _redirect(f"/{TAR}")}) as url:
+        with pytest.raises(RemoteError, match="infinite loop") as info:
+            _fetch_first(url, _opts(tmp_path / "a"))
+        _one_line_remote_error(info, url)
+    with serve_hostile(toy_cache, {TAR: _redirect("file:///etc/passwd")}) as url:
+        with pytest.raises(RemoteError, match="not allowed") as info:
+            _fetch_first(url, _opts(tmp_path / "b"))
+        _one_line_remote_error(info, url)
+    (tmp_path / "wrong").mkdir()
+    (tmp_path / "wrong" / TAR).write_bytes((toy_cache / TAR).read_bytes()[::-1])
+    with serve_folder(toy_cache) as (other, _), serve_folder(tmp_path / "wrong") as (wrong, _):
+        with serve_hostile(toy_cache, {TAR: _redirect(f"{other}/{TAR}")}) as url:
+            _fetch_first(url, _opts(tmp_path / "c"))  # the same bytes elsewhere: fine
+        with serve_hostile(toy_cache, {TAR: _redirect(f"{wrong}/{TAR}")}) as url:
+            with pytest.raises(ShardCorruptError, match="sha256") as info:
+                _fetch_first(url, _opts(tmp_path / "d"))
+            _one_line_remote_error(info, url)
+
+
+def test_a_trickling_server_is_a_stall_within_the_timeout(toy_cache, tmp_path):
+    """Was: the timeout applied to each socket read, so a server sending a byte now and then
+    (never silent for timeout_s) held the trainer for as long as it liked."""
+    tar = (toy_cache / TAR).read_bytes()
+
+    def trickle(h) -> None:
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(tar)))
+        h.end_headers()
+        end = time.monotonic() + 6
+        for i in range(len(tar)):
+            if time.monotonic() > end:
+                return
+            h.wfile.write(tar[i : i + 1])
+            h.wfile.flush()
+            time.sleep(0.02)
+
+    with serve_hostile(toy_cache, {TAR: trickle}) as url:
+        t = time.monotonic()
+        with pytest.raises(RemoteError, match=r"stalled: under 1048576 bytes in 0\.3 s") as info:
+            _fetch_first(url, _opts(tmp_path, timeout_s=0.3))
+        elapsed = time.monotonic() - t
+    _one_line_remote_error(info, url)
+    assert elapsed < 3, f"a trickling server held the fetch {elapsed:.1f} s"
+
+
+def test_a_compressing_server_is_named_in_the_error(toy_cache, tmp_path):
+    """Was: a body sent gzip'd (Content-Encoding) failed as 'connection cut?'."""
+    body = gzip.compress((toy_cache / TAR).read_bytes())
+    with serve_hostile(toy_cache, {TAR: send_bytes(body, headers={"Content-Encoding": "gzip"})}) as url:
+        with pytest.raises(RemoteError, match="Content-Encoding gzip") as info:
+            _fetch_first(url, _opts(tmp_path))
+    _one_line_remote_error(info, url)
+
+
+def test_a_download_killed_mid_way_does_not_hold_the_folder_for_ever(toy_cache, tmp_path):
+    """Was: a process killed while downloading (OOM killer, SIGKILL of a worker) left its
+    ``.part-<size>-<pid>-...`` reservation, counted against the limit by every later process:
+    the folder stayed 'full' until someone deleted it by hand."""
+    limit = 4 * (toy_cache / TAR).stat().st_size
+    opts = _opts(tmp_path, limit)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with serve_folder(toy_cache) as (url, _):
+        folder = opts.resolved_cache_dir(url)
+        folder.mkdir(parents=True)
+        left = folder / f".part-{limit}-{dead.pid}-1-0123456789abcdef-{TAR}"
+        left.write_bytes(b"\0" * 1000)
+        alive = folder / f".part-1-{os.getpid()}-1-0123456789abcdef-other.tar"  # a live download: kept
+        alive.touch()
+        _fetch_first(url, opts)
+    assert not left.exists() and alive.exists()
+
+
+def test_default_local_folder_is_per_user_and_a_folder_of_another_user_is_refused(tmp_path):
+    """Was: one ``/dev/shm/cachebuild-remote`` for every user of a node: the second user's loader
+    died with a raw PermissionError, and a folder planted by another user (files named like checked
+    downloads) was trusted."""
+    assert f"cachebuild-remote-{os.getuid()}" in str(RemoteOptions().resolved_cache_dir("http://h/c"))
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    if os.getuid() != 0:
+        pytest.skip("needs root to make a folder owned by another user")
+    os.chown(folder, 65534, 65534)
+    with pytest.raises(RemoteError, match=rf"local cache folder {re.escape(str(folder))}: owned by uid 65534"):
+        LocalShardCache(folder, 1 << 20)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RemoteError, match="cannot create it"):
+        LocalShardCache(tmp_path / "file" / "sub", 1 << 20)
+
+
+@pytest.fixture(scope="module")
+def small_causal(tmp_path_factory) -> Path:
+    return build_causal(tmp_path_factory.mktemp("rv") / "cache", graphs=120, shard_mb=0.25)
+
+
+@pytest.mark.timeout(60)
+def test_server_error_mid_epoch_reaches_the_trainer_as_one_line_with_two_workers(small_causal, tmp_path):
+    """Held: an HTTP 500 for one shard mid-epoch, with two DataLoader workers, is one RemoteError
+    line in the trainer naming the URL, and the loader shuts down without hanging."""
+    tricks: dict = {}
+    with serve_hostile(small_causal, tricks) as url:
+        stream = ShardStream(url, view="graphs", batch_size=8, seed=1, remote=_opts(tmp_path, timeout_s=0.5, retries=1))
+        loader = make_loader(stream, num_workers=2, prefetch_factor=1)
+        it = iter(loader)
+        next(it)
+        names = sorted(p.name for p in small_causal.glob("shard-*.tar"))
+        for name in names:
+            tricks[name] = send_bytes(b"boom", status=500)
+        t = time.monotonic()
+        with pytest.raises(RemoteError, match=re.escape(url) + r"/shard-\d+\.tar: HTTP 500") as info:
+            for _ in it:
+                pass
+        del it, loader
+        elapsed = time.monotonic() - t
+    assert "\n" not in str(info.value)
+    assert elapsed < 20
