@@ -14,7 +14,6 @@ every request has a timeout, so a dead server is an error, never a hang.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import http.client
 import os
@@ -24,21 +23,20 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, TypeVar, cast
+from typing import Any, BinaryIO, Callable, TypeVar, cast
 
 from cachebuild.errors import RemoteError, ShardCorruptError
 from cachebuild.format.limits import MAX_MANIFEST_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
+from loaders.localcache import LocalShardCache
 
 T = TypeVar("T")
 
 __all__ = ["is_remote", "RemoteOptions", "fetch_manifest", "LocalShardCache", "ShardFetcher"]
 
 _CHUNK = 4 << 20
-_TMP = ".part-"
 _PROGRESS_BYTES = 1 << 20  # a download must receive this much within each timeout_s
 
 
@@ -68,12 +66,18 @@ class RemoteOptions:
     retries: int = 3
     storage_options: tuple[tuple[str, object], ...] = ()
 
-    def resolved_cache_dir(self, url: str) -> Path:
+    def resolved_cache_dir(self, url: str = "") -> Path:
+        """The folder fetched files land in: ``<cache_dir>/shards``, the same for every URL.
+
+        One folder under one limit whatever is read through it (a mixture of remote caches, one
+        cache under two URLs): files are named after their sha256 (:meth:`ShardFetcher.local_name`),
+        so different caches never collide and the same file is fetched once. (Until 2026-11-24 each
+        URL had its own ``<16 hex>/`` subfolder, each with the whole limit.)"""
         base = self.cache_dir or os.environ.get("CACHEBUILD_CACHE_DIR")
         if not base:
             name = f"cachebuild-remote-{os.getuid()}"
             base = f"/dev/shm/{name}" if Path("/dev/shm").is_dir() else str(Path(tempfile.gettempdir()) / name)
-        return Path(base) / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+        return Path(base) / "shards"
 
 
 def _open_url(url: str, opts: RemoteOptions) -> BinaryIO:
@@ -122,120 +126,6 @@ def fetch_manifest(url: str, opts: RemoteOptions = RemoteOptions()) -> Manifest:
     return Manifest.from_json(_with_retries(target, opts, get), url.rstrip("/"))
 
 
-class LocalShardCache:
-    """A size-limited folder of complete files with LRU eviction, safe across processes."""
-
-    def __init__(self, folder: Path, limit_bytes: int):
-        self.folder = Path(folder)
-        self.limit = int(limit_bytes)
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            owner = self.folder.stat().st_uid
-        except OSError as exc:
-            raise RemoteError(f"local cache folder {self.folder}: cannot create it ({exc.strerror}); set RemoteOptions(cache_dir=...)") from exc
-        if owner != os.getuid():
-            raise RemoteError(
-                f"local cache folder {self.folder}: owned by uid {owner}, not by this user (uid {os.getuid()}); its files would be "
-                "trusted as checked downloads, so it is refused: set RemoteOptions(cache_dir=...) to a folder of your own"
-            )
-        self._lock_path = self.folder / ".lock"
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with open(self._lock_path, "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
-
-    def _entries(self) -> list[tuple[Path, os.stat_result]]:
-        out: list[tuple[Path, os.stat_result]] = []
-        for p in self.folder.iterdir():
-            if p.name == ".lock":
-                continue
-            try:
-                st = p.stat()
-            except FileNotFoundError:
-                continue
-            out.append((p, st))
-        return out
-
-    def used_bytes(self) -> int:
-        """Bytes held now: complete files plus reservations of downloads in flight."""
-        total = 0
-        for p, st in self._entries():
-            total += _reserved_size(p) if p.name.startswith(_TMP) else st.st_size
-        return total
-
-    def path(self, name: str) -> Path:
-        return self.folder / name
-
-    def lookup(self, name: str, size: int) -> Path | None:
-        """The complete local copy of ``name`` (touched as recently used), or None."""
-        p = self.folder / name
-        try:
-            if p.stat().st_size == size:
-                os.utime(p)
-                return p
-        except FileNotFoundError:
-            pass
-        return None
-
-    def reserve(self, name: str, size: int, keep: set[str]) -> Path:
-        """Make room for ``size`` bytes, evicting LRU files not in ``keep``; return a temp path."""
-        if size > self.limit:
-            raise RemoteError(f"file {self.folder / name} ({size} bytes) is larger than the local cache limit ({self.limit} bytes); raise cache_limit_bytes")
-        with self._locked():
-            entries = [(p, st) for p, st in self._entries() if not _stale_download(p)]
-            used = sum(_reserved_size(p) if p.name.startswith(_TMP) else st.st_size for p, st in entries)
-            victims = sorted((st.st_mtime, p, st.st_size) for p, st in entries if not p.name.startswith(_TMP) and p.name not in keep)
-            while used + size > self.limit and victims:
-                _, p, sz = victims.pop(0)
-                p.unlink(missing_ok=True)
-                used -= sz
-            if used + size > self.limit:
-                raise RemoteError(f"local cache {self.folder} is full ({used} of {self.limit} bytes held by shards in use or downloads in flight); raise cache_limit_bytes")
-            tmp = self.folder / f"{_TMP}{size}-{os.getpid()}-{threading.get_ident()}-{name}"
-            tmp.touch()
-            return tmp
-
-    def commit(self, tmp: Path, name: str) -> Path:
-        """Rename a finished download into place, under the lock: a concurrent
-        ``reserve`` listing the folder must see it under one of its two names."""
-        final = self.folder / name
-        with self._locked():
-            os.replace(tmp, final)
-        return final
-
-
-def _stale_download(p: Path) -> bool:
-    """Remove and report a temp file left by a download whose process is gone (killed: its
-    ``finally`` never ran), so that its reservation does not hold the folder's room for ever.
-    Its name says its process: ``.part-<size>-<pid>-...``. Called under the folder's lock."""
-    if not p.name.startswith(_TMP):
-        return False
-    try:
-        pid = int(p.name[len(_TMP) :].split("-")[1])
-        os.kill(pid, 0)
-        return False
-    except PermissionError:  # alive, another user's
-        return False
-    except ProcessLookupError:
-        p.unlink(missing_ok=True)
-        return True
-    except (ValueError, IndexError):  # not one of ours: counted at its size
-        return False
-
-
-def _reserved_size(p: Path) -> int:
-    """A download's reservation is encoded in its temp name: ``.part-<size>-...``."""
-    try:
-        return int(p.name[len(_TMP) :].split("-", 1)[0])
-    except ValueError:
-        return p.stat().st_size
-
-
 class ShardFetcher:
     """Local paths of a remote cache's shards, fetched on demand and ahead of use."""
 
@@ -270,6 +160,7 @@ class ShardFetcher:
         if hit is not None:
             return hit
         url = f"{self.url}/{name}"
+        self.cache.check_fits(local, size)
 
         def get() -> Path:
             tmp = self.cache.reserve(local, size, keep)

@@ -5,8 +5,10 @@ DataLoader with workers meeting a failing server. Each test names the defect it 
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,6 +21,7 @@ from cachebuild.errors import RemoteError, ShardCorruptError
 from cachebuild.format.reader import open_shard
 from loader_fixtures import build_causal
 from loaders import ShardStream, make_loader
+from loaders.shards import RemoteFiles
 from loaders.remote import LocalShardCache, RemoteOptions, ShardFetcher, fetch_manifest
 from remote_fixtures import send_bytes, serve_folder, serve_hostile
 
@@ -221,3 +224,66 @@ def test_server_error_mid_epoch_reaches_the_trainer_as_one_line_with_two_workers
         elapsed = time.monotonic() - t
     assert "\n" not in str(info.value)
     assert elapsed < 20
+
+
+def test_one_local_folder_one_limit_whatever_the_urls(toy_cache, tmp_path):
+    """Was: each URL had its own subfolder of ``cache_dir`` with the whole limit, so a mixture of
+    remote caches (or one cache under two URLs, or with and without a trailing slash once the
+    hash differed) held N x the limit in the folder the user bounded, and fetched the same files twice."""
+    total = sum(p.stat().st_size for p in toy_cache.glob("shard-*") if not p.name.endswith(".json"))
+    limit = total // 2 + 1
+    assert limit >= 2 * max(p.stat().st_size for p in toy_cache.glob("shard-*.tar"))
+    opts = _opts(tmp_path, limit)
+    with serve_folder(toy_cache) as (a, _), serve_folder(toy_cache) as (b, _):
+        for url in (a, b + "/"):
+            m = fetch_manifest(url, opts)
+            f = ShardFetcher(url, m, opts)
+            for i, e in enumerate(m.shards):
+                with f.open(i, lambda tar, idx, e=e: open_shard(m, e, tar, idx)):
+                    pass
+            f.close()
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "local").rglob("*") if p.is_file())
+    assert on_disk <= limit, f"{on_disk} bytes under cache_dir > limit {limit}"
+
+
+def test_the_same_cache_under_two_urls_is_fetched_once(toy_cache, tmp_path):
+    """The local copies are named by content: a second URL of the same cache reads them."""
+    opts = _opts(tmp_path)
+    second: list[str] = []
+    with serve_folder(toy_cache) as (a, _), serve_folder(toy_cache, second) as (b, _):
+        _fetch_first(a, opts)
+        _fetch_first(b + "/", opts)
+    assert second == ["/manifest.json"]
+
+
+def test_a_shard_larger_than_the_limit_names_its_url_and_writes_nothing(toy_cache, tmp_path):
+    """Was: the error named the file by its local name (``<sha256 prefix>-shard-00000.tar``), not its URL,
+    and, being an OSError, was retried with backoff like a network fault and wrapped in "cannot fetch ... after N attempts".
+    Held: a declared size above the limit (a huge one included) is refused before any byte is fetched."""
+    manifest = json.loads((toy_cache / "manifest.json").read_text())
+    manifest["shards"][0]["bytes"] = 1 << 43  # 8 TiB (the manifest check allows up to 16)
+    tricks = {"manifest.json": send_bytes(json.dumps(manifest).encode())}
+    for limit, tricked in ((1000 + (toy_cache / "shard-00000.idx.npy").stat().st_size, {}), (1 << 30, tricks)):
+        opts = _opts(tmp_path / str(limit), limit)
+        with serve_hostile(toy_cache, tricked) as url:
+            m = fetch_manifest(url, opts)
+            files = RemoteFiles(url, m, opts)
+            with pytest.raises(RemoteError, match=rf"^file {re.escape(url)}/{TAR} \(\d+ bytes\) is larger than the local cache limit") as info:
+                files.open(0, lambda tar, idx: open_shard(m, m.shards[0], tar, idx))
+            files.close()
+        assert "\n" not in str(info.value)
+        assert not [p for p in opts.resolved_cache_dir().iterdir() if p.name.endswith(".tar") or p.name.startswith(".part-")]
+
+
+def test_a_cache_rebuilt_at_its_url_since_the_manifest_was_read_says_so(toy_cache, tmp_path):
+    """Was: '(corrupt at the source?)', when the likely cause is a cache rebuilt between the manifest and the fetch."""
+    served = tmp_path / "served"
+    shutil.copytree(toy_cache, served)
+    with serve_folder(served) as (url, _):
+        opts = _opts(tmp_path)
+        m = fetch_manifest(url, opts)
+        (served / TAR).write_bytes((toy_cache / TAR).read_bytes()[::-1])  # rebuilt: same name and size, other bytes
+        with pytest.raises(ShardCorruptError, match=rf"^{re.escape(url)}/{TAR}: sha256 .* changed since its manifest was read"):
+            f = ShardFetcher(url, m, opts)
+            f.get(0)
+        f.close()
