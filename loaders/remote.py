@@ -21,13 +21,14 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, TypeVar, cast
 
-from cachebuild.errors import RemoteError, ShardCorruptError
+from cachebuild.errors import CacheBuildError, ConfigError, RemoteError, ShardCorruptError
 from cachebuild.format.limits import MAX_MANIFEST_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from loaders.localcache import LocalShardCache
@@ -37,6 +38,7 @@ T = TypeVar("T")
 __all__ = ["is_remote", "RemoteOptions", "fetch_manifest", "LocalShardCache", "ShardFetcher"]
 
 _CHUNK = 4 << 20
+_URL_SAFE = ":/?#[]@!$&'()*+,;=%~"  # reserved characters and existing %-escapes stay as they are
 _PROGRESS_BYTES = 1 << 20  # a download must receive this much within each timeout_s
 
 
@@ -82,6 +84,7 @@ class RemoteOptions:
 
 def _open_url(url: str, opts: RemoteOptions) -> BinaryIO:
     if url.startswith(("http://", "https://")):
+        url = urllib.parse.quote(url, safe=_URL_SAFE)  # a space or a non-ASCII letter in the path: escaped, as browsers do
         return cast(BinaryIO, urllib.request.urlopen(url, timeout=opts.timeout_s))  # noqa: S310 - user-given URL
     import fsspec
 
@@ -93,6 +96,10 @@ def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
     for attempt in range(opts.retries + 1):
         try:
             return action()
+        except CacheBuildError:
+            raise
+        except (ValueError, ImportError) as exc:  # a malformed URL, an fsspec protocol unknown or not installed: final
+            raise RemoteError(_one_line(f"cannot fetch {url}: {exc}")) from exc
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code in (404, 403, 401) or attempt == opts.retries:
@@ -114,9 +121,22 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _check_http_url(url: str) -> None:
+    """Refuse an http(s) cache URL that ``<URL>/<name>`` cannot extend: a ?query or #fragment would swallow the name."""
+    if not url.startswith(("http://", "https://")):
+        return
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:  # "Invalid IPv6 URL"
+        raise ConfigError.bad_value("remote cache URL", url, f"a valid URL ({exc})") from exc
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise ConfigError.bad_value("remote cache URL", url, "a URL without ?query or #fragment (the files are fetched as <URL>/<name>)")
+
+
 def fetch_manifest(url: str, opts: RemoteOptions = RemoteOptions()) -> Manifest:
     """Download and parse ``URL/manifest.json`` (bounded size; every name in it is checked to be a
     plain file name, so shards are fetched only from under ``url`` and only into the local cache folder)."""
+    _check_http_url(url)
     target = f"{url.rstrip('/')}/{MANIFEST_NAME}"
 
     def get() -> bytes:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cachebuild.errors import RemoteError, ShardCorruptError
+from cachebuild.errors import ConfigError, RemoteError, ShardCorruptError
 from cachebuild.format.reader import open_shard
 from loader_fixtures import build_causal
 from loaders import ShardStream, make_loader
@@ -287,3 +287,31 @@ def test_a_cache_rebuilt_at_its_url_since_the_manifest_was_read_says_so(toy_cach
             f = ShardFetcher(url, m, opts)
             f.get(0)
         f.close()
+
+
+@pytest.mark.parametrize("suffix", ["?token=abc", "#part", "/?x"])
+def test_a_cache_url_with_a_query_or_fragment_is_refused(tmp_path, suffix):
+    """Was: ``<URL>/manifest.json`` put the name inside the query (``/cache?token=abc/manifest.json``):
+    the server answered for another resource and the error said 'not valid JSON'."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "index.html").write_text("<html></html>")
+    with serve_folder(tmp_path) as (url, _):
+        with pytest.raises(ConfigError, match=r"without \?query or #fragment"):
+            fetch_manifest(f"{url}/cache{suffix}", _opts(tmp_path))
+
+
+def test_malformed_urls_and_unknown_protocols_are_one_line_remote_errors(tmp_path):
+    """Was: raw ValueError tracebacks (fsspec's 'Protocol not known', urllib's 'Invalid IPv6 URL')."""
+    with pytest.raises(RemoteError, match=r"^cannot fetch htp://x/c/manifest\.json: Protocol not known: htp$"):
+        fetch_manifest("htp://x/c", _opts(tmp_path))
+    with pytest.raises(ConfigError, match="Invalid IPv6 URL"):
+        fetch_manifest("http://[::1/c", _opts(tmp_path))
+
+
+def test_a_cache_under_a_path_with_spaces_and_accents_is_read(toy_cache, tmp_path):
+    """Was: a space was refused by http.client ('URL can't contain control characters') and a non-ASCII
+    letter raised a raw UnicodeEncodeError; they are %-escaped as a browser does."""
+    shutil.copytree(toy_cache, tmp_path / "srv" / "my caché")
+    with serve_folder(tmp_path / "srv") as (url, _):
+        _fetch_first(f"{url}/my caché", _opts(tmp_path))
+        _fetch_first(f"{url}/my%20cach%C3%A9", _opts(tmp_path / "b"))  # already escaped: unchanged
