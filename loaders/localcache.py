@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from cachebuild.errors import RemoteError
+from cachebuild.format.atomic import open_tmp
 
 __all__ = ["LocalShardCache", "TMP_PREFIX"]
 
@@ -45,7 +47,8 @@ class LocalShardCache:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        with open(self._lock_path, "a+") as fh:
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a link there is never followed
+        with os.fdopen(fd, "r+") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield
@@ -75,10 +78,13 @@ class LocalShardCache:
         return self.folder / name
 
     def lookup(self, name: str, size: int) -> Path | None:
-        """The complete local copy of ``name`` (touched as recently used), or None."""
+        """The complete local copy of ``name`` (touched as recently used), or None. Only a plain file
+        counts: what this folder holds under that name was renamed into place after its checks, a
+        link planted there was not (it is replaced by the download)."""
         p = self.folder / name
         try:
-            if p.stat().st_size == size:
+            st = p.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_size == size:
                 os.utime(p)
                 return p
         except FileNotFoundError:
@@ -104,7 +110,7 @@ class LocalShardCache:
             if used + size > self.limit:
                 raise RemoteError(f"local cache {self.folder} is full ({used} of {self.limit} bytes held by shards in use or downloads in flight); raise cache_limit_bytes")
             tmp = self.folder / f"{_TMP}{size}-{os.getpid()}-{threading.get_ident()}-{name}"
-            tmp.touch()
+            open_tmp(tmp).close()  # a new plain file: a link planted at its name is removed, not followed
             return tmp
 
     def commit(self, tmp: Path, name: str) -> Path:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, TypeVar, cast
 
 from cachebuild.errors import CacheBuildError, ConfigError, RemoteError, ShardCorruptError
+from cachebuild.format.atomic import open_tmp
 from cachebuild.format.limits import MAX_MANIFEST_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from loaders.localcache import LocalShardCache
@@ -68,6 +69,16 @@ class RemoteOptions:
     retries: int = 3
     storage_options: tuple[tuple[str, object], ...] = ()
 
+    def __post_init__(self) -> None:
+        for key, value, ok, allowed in (
+            ("cache_limit_bytes", self.cache_limit_bytes, isinstance(self.cache_limit_bytes, int) and self.cache_limit_bytes > 0, "a whole number of bytes > 0"),
+            ("prefetch", self.prefetch, isinstance(self.prefetch, int) and self.prefetch >= 0, "a whole number >= 0"),
+            ("timeout_s", self.timeout_s, isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0, "seconds > 0"),
+            ("retries", self.retries, isinstance(self.retries, int) and self.retries >= 0, "a whole number >= 0"),
+        ):
+            if not ok or isinstance(value, bool):
+                raise ConfigError.bad_value(f"RemoteOptions.{key}", value, allowed)
+
     def resolved_cache_dir(self, url: str = "") -> Path:
         """The folder fetched files land in: ``<cache_dir>/shards``, the same for every URL.
 
@@ -96,10 +107,6 @@ def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
     for attempt in range(opts.retries + 1):
         try:
             return action()
-        except CacheBuildError:
-            raise
-        except (ValueError, ImportError) as exc:  # a malformed URL, an fsspec protocol unknown or not installed: final
-            raise RemoteError(_one_line(f"cannot fetch {url}: {exc}")) from exc
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code in (404, 403, 401) or attempt == opts.retries:
@@ -111,6 +118,10 @@ def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
             if attempt == opts.retries:
                 what = _one_line(str(exc)) or type(exc).__name__
                 raise RemoteError(f"cannot fetch {url} after {opts.retries + 1} attempts: {what}") from exc
+        except (ValueError, ImportError) as exc:  # a malformed URL, an fsspec protocol unknown or not installed: final
+            if isinstance(exc, CacheBuildError):  # ShardCorruptError: the download's own check
+                raise
+            raise RemoteError(_one_line(f"cannot fetch {url}: {exc}")) from exc
         time.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")
@@ -187,7 +198,7 @@ class ShardFetcher:
             try:
                 h = hashlib.sha256()
                 got = 0
-                with _open_url(url, self.opts) as src, open(tmp, "wb") as dst:
+                with _open_url(url, self.opts) as src, open_tmp(tmp) as dst:
                     # read1: return what arrived, so a trickling server is seen (read(n) waits for all n)
                     read = src.read1 if isinstance(src, http.client.HTTPResponse) else src.read
                     mark, since = time.monotonic(), 0

@@ -315,3 +315,57 @@ def test_a_cache_under_a_path_with_spaces_and_accents_is_read(toy_cache, tmp_pat
     with serve_folder(tmp_path / "srv") as (url, _):
         _fetch_first(f"{url}/my caché", _opts(tmp_path))
         _fetch_first(f"{url}/my%20cach%C3%A9", _opts(tmp_path / "b"))  # already escaped: unchanged
+
+
+@pytest.mark.parametrize(("key", "value"), [("retries", -1), ("timeout_s", 0), ("cache_limit_bytes", 0), ("prefetch", -1), ("retries", 1.5)])
+def test_remote_options_are_checked_where_they_enter(key, value):
+    """Was: not checked: retries=-1 made every fetch end in AssertionError('unreachable'), timeout_s=0 a
+    non-blocking socket's 'Resource temporarily unavailable', a zero limit 'larger than the limit' per file."""
+    with pytest.raises(ConfigError, match=rf"RemoteOptions\.{key}' has invalid value {value!r}"):
+        RemoteOptions(**{key: value})
+
+
+def test_links_planted_in_the_local_folder_are_neither_trusted_nor_written_through(toy_cache, tmp_path):
+    """Was: a link at a checked file's local name was served without a request (lookup followed it),
+    and a link at a download's temp name or at ``.lock`` had the download or the lock file written
+    outside the folder (``touch`` / ``open(.., 'wb')`` / ``open(.., 'a+')`` followed them)."""
+    opts = _opts(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    requests: list[str] = []
+    with serve_folder(toy_cache, requests) as (url, _):
+        m = fetch_manifest(url, opts)
+        f = ShardFetcher(url, m, opts)
+        folder = f.cache.folder
+        e = m.shards[0]
+        local = f.local_name(e.name, e.sha256)
+        shutil.copy(toy_cache / TAR, outside / "copy.tar")  # right size and content, but a link: not ours
+        (folder / local).symlink_to(outside / "copy.tar")
+        tmp = folder / f".part-{e.bytes}-{os.getpid()}-{threading.get_ident()}-{local}"
+        (outside / "victim").write_text("precious")
+        tmp.symlink_to(outside / "victim")
+        (folder / ".lock").unlink(missing_ok=True)
+        (folder / ".lock").symlink_to(outside / "lock-target")
+        with pytest.raises(RemoteError, match=r"Too many levels of symbolic links: .*\.lock"):  # refused, never created outside
+            f._download(e.name, e.bytes, e.sha256, set())
+        (folder / ".lock").unlink()
+        got = f._download(e.name, e.bytes, e.sha256, set())  # in this thread: the temp name above
+        f.close()
+    assert requests.count(f"/{TAR}") == 1, "the planted link was served as a checked download"
+    assert got == folder / local and not got.is_symlink() and got.read_bytes() == (toy_cache / TAR).read_bytes()
+    assert (outside / "victim").read_text() == "precious"
+    assert sorted(p.name for p in outside.iterdir()) == ["copy.tar", "victim"]
+
+
+def test_a_full_local_folder_is_waited_for_while_other_downloads_finish(toy_cache, tmp_path):
+    """A 'full' folder (others' downloads in flight hold its room) is retried with backoff, like a
+    network fault: the room comes back when they finish. (Guards a regression of this review.)"""
+    limit = 4 * (toy_cache / TAR).stat().st_size
+    opts = _opts(tmp_path, limit, retries=3)
+    with serve_folder(toy_cache) as (url, _):
+        folder = opts.resolved_cache_dir(url)
+        folder.mkdir(parents=True)
+        other = folder / f".part-{limit}-{os.getpid()}-1-0123456789abcdef-other.tar"  # a live download's reservation
+        other.touch()
+        threading.Timer(0.1, other.unlink).start()
+        _fetch_first(url, opts)
