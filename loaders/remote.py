@@ -144,6 +144,23 @@ def _check_http_url(url: str) -> None:
         raise ConfigError.bad_value("remote cache URL", url, "a URL without ?query or #fragment (the files are fetched as <URL>/<name>)")
 
 
+def _copy_bounded(src: BinaryIO, size: int, timeout_s: float, sink: Callable[[bytes], object]) -> int:
+    """Pass at most ``size + 1`` bytes of ``src`` to ``sink``; return how many. A stall (under
+    ``_PROGRESS_BYTES`` received within ``timeout_s``, a trickle included) raises TimeoutError:
+    ``read1`` returns what arrived, where ``read(n)`` would wait for all n bytes one slow recv at a time."""
+    read = src.read1 if isinstance(src, http.client.HTTPResponse) else src.read
+    got, since, mark = 0, 0, time.monotonic()
+    while got <= size and (chunk := read(min(_CHUNK, size + 1 - got))):
+        sink(chunk)
+        got += len(chunk)
+        since += len(chunk)
+        if since >= _PROGRESS_BYTES:
+            mark, since = time.monotonic(), 0
+        elif time.monotonic() - mark > timeout_s:
+            raise TimeoutError(f"stalled: under {_PROGRESS_BYTES} bytes in {timeout_s} s ({got} of {size} bytes)")
+    return got
+
+
 def fetch_manifest(url: str, opts: RemoteOptions = RemoteOptions()) -> Manifest:
     """Download and parse ``URL/manifest.json`` (bounded size; every name in it is checked to be a
     plain file name, so shards are fetched only from under ``url`` and only into the local cache folder)."""
@@ -151,8 +168,10 @@ def fetch_manifest(url: str, opts: RemoteOptions = RemoteOptions()) -> Manifest:
     target = f"{url.rstrip('/')}/{MANIFEST_NAME}"
 
     def get() -> bytes:
+        parts: list[bytes] = []
         with _open_url(target, opts) as fh:
-            return fh.read(MAX_MANIFEST_BYTES + 1)  # more than the limit is refused by from_json
+            _copy_bounded(fh, MAX_MANIFEST_BYTES, opts.timeout_s, parts.append)  # more than the limit is refused by from_json
+        return b"".join(parts)
 
     return Manifest.from_json(_with_retries(target, opts, get), url.rstrip("/"))
 
@@ -197,22 +216,15 @@ class ShardFetcher:
             tmp = self.cache.reserve(local, size, keep)
             try:
                 h = hashlib.sha256()
-                got = 0
                 with _open_url(url, self.opts) as src, open_tmp(tmp) as dst:
-                    # read1: return what arrived, so a trickling server is seen (read(n) waits for all n)
-                    read = src.read1 if isinstance(src, http.client.HTTPResponse) else src.read
-                    mark, since = time.monotonic(), 0
-                    while chunk := read(min(_CHUNK, size + 1 - got)):  # never more than size + 1: the reservation bounds the disk
+
+                    def sink(chunk: bytes) -> None:
                         h.update(chunk)
                         dst.write(chunk)
-                        got += len(chunk)
-                        since += len(chunk)
-                        if got > size:
-                            raise OSError(f"the server sent more bytes than the manifest's {size} (another file?)")
-                        if since >= _PROGRESS_BYTES:
-                            mark, since = time.monotonic(), 0
-                        elif time.monotonic() - mark > self.opts.timeout_s:
-                            raise TimeoutError(f"stalled: under {_PROGRESS_BYTES} bytes in {self.opts.timeout_s} s ({got} of {size} bytes)")
+
+                    got = _copy_bounded(src, size, self.opts.timeout_s, sink)
+                    if got > size:
+                        raise OSError(f"the server sent more bytes than the manifest's {size} (another file?)")
                     encoding = src.headers.get("Content-Encoding") if isinstance(src, http.client.HTTPResponse) else None
                 if got != size:
                     why = f"the server sent it with Content-Encoding {encoding}; serve the files as they are" if encoding else "connection cut?"
