@@ -14,6 +14,7 @@ every request has a timeout, so a dead server is an error, never a hang.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.client
 import os
@@ -23,7 +24,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, TypeVar, cast
@@ -32,6 +33,7 @@ from cachebuild.errors import CacheBuildError, ConfigError, RemoteError, ShardCo
 from cachebuild.format.atomic import open_tmp
 from cachebuild.format.limits import MAX_MANIFEST_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
+from loaders.fetchpool import DaemonPool
 from loaders.localcache import LocalShardCache
 
 T = TypeVar("T")
@@ -184,7 +186,7 @@ class ShardFetcher:
         self.manifest = manifest
         self.opts = opts
         self.cache = LocalShardCache(opts.resolved_cache_dir(self.url), opts.cache_limit_bytes)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self._pending: dict[str, Future[tuple[Path, Path]]] = {}
         self._guard = threading.Lock()
         self._wanted: list[int] = []
@@ -277,8 +279,8 @@ class ShardFetcher:
             fut = self._pending.get(name)
             if fut is None:
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max(1, self.opts.prefetch), thread_name_prefix="cachebuild-fetch")
-                fut = self._pool.submit(self._fetch_shard, i)
+                    self._pool = DaemonPool(max(1, self.opts.prefetch), "cachebuild-fetch", self.cache.folder)
+                fut = self._pool.submit(functools.partial(self._fetch_shard, i))
                 self._pending[name] = fut
             return fut
 
@@ -316,7 +318,7 @@ class ShardFetcher:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             self._pool = None
 
     def __getstate__(self) -> dict[str, Any]:

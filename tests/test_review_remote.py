@@ -369,3 +369,45 @@ def test_a_full_local_folder_is_waited_for_while_other_downloads_finish(toy_cach
         other.touch()
         threading.Timer(0.1, other.unlink).start()
         _fetch_first(url, opts)
+
+
+_EXIT_CHILD = """
+import os, sys, threading, time
+from http.server import SimpleHTTPRequestHandler
+from pathlib import Path
+from loaders import ShardStream
+from loaders.remote import RemoteOptions
+from remote_fixtures import serve_hostile
+
+root, local = Path(sys.argv[1]), sys.argv[2]
+stalled = threading.Event()
+
+def stall(h):
+    if not stalled.is_set():
+        return SimpleHTTPRequestHandler.do_GET(h)
+    time.sleep(60)
+
+with serve_hostile(root, {p.name: stall for p in root.glob("shard-*.tar")}) as url:
+    opts = RemoteOptions(cache_dir=local, timeout_s=4.0, retries=2, prefetch=2)
+    it = iter(ShardStream(url, view="graphs", batch_size=8, seed=1, remote=opts))
+    next(it)
+    stalled.set()  # the server stops answering: the next prefetches hang until their timeouts
+    threading.Thread(target=lambda: [None for _ in it], daemon=True).start()  # the trainer, interrupted
+    time.sleep(0.5)
+    print(time.time(), flush=True)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # (the interrupted thread's error at exit is not the point)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_process_exits_at_once_while_downloads_stall(small_causal, tmp_path):
+    """Was: the fetch threads were a ThreadPoolExecutor's, which the interpreter joins at exit and
+    whose queued downloads it runs: a trainer stopping (Ctrl-C, its own error) while the server stalled
+    waited for its queued prefetches to time out (about 10 s with timeout_s=3, retries=1 in a probe; minutes at the default timeout and retries)."""
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(tests).parent), tests])}
+    proc = subprocess.run([sys.executable, "-c", _EXIT_CHILD, str(small_causal), str(tmp_path / "local")], capture_output=True, text=True, env=env, timeout=50)
+    end = time.time()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    delay = end - float(proc.stdout.split()[-1])
+    assert delay < 3.0, f"the process took {delay:.1f} s to exit after its last line"
