@@ -14,30 +14,35 @@ every request has a timeout, so a dead server is an error, never a hang.
 
 from __future__ import annotations
 
-import fcntl
+import functools
 import hashlib
+import http.client
 import os
 import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, TypeVar, cast
+from typing import Any, BinaryIO, Callable, TypeVar, cast
 
-from cachebuild.errors import RemoteError, ShardCorruptError
+from cachebuild.errors import CacheBuildError, ConfigError, RemoteError, ShardCorruptError
+from cachebuild.format.atomic import open_tmp
 from cachebuild.format.limits import MAX_MANIFEST_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
+from loaders.fetchpool import DaemonPool
+from loaders.localcache import LocalShardCache
 
 T = TypeVar("T")
 
 __all__ = ["is_remote", "RemoteOptions", "fetch_manifest", "LocalShardCache", "ShardFetcher"]
 
 _CHUNK = 4 << 20
-_TMP = ".part-"
+_URL_SAFE = ":/?#[]@!$&'()*+,;=%~"  # reserved characters and existing %-escapes stay as they are
+_PROGRESS_BYTES = 1 << 20  # a download must receive this much within each timeout_s
 
 
 def is_remote(location: str | os.PathLike[str]) -> bool:
@@ -51,9 +56,12 @@ class RemoteOptions:
     """How to read a remote cache.
 
     ``cache_dir``: local folder for fetched shards (default ``$CACHEBUILD_CACHE_DIR``,
-    else ``/dev/shm/cachebuild-remote`` when /dev/shm exists, else the temp folder);
+    else ``/dev/shm/cachebuild-remote-<uid>`` when /dev/shm exists, else the same name in
+    the temp folder: one per user, so users of a node never share or block each other's);
     ``cache_limit_bytes``: the most that folder may hold; ``prefetch``: shards
-    fetched ahead of use; ``timeout_s`` per request; ``retries`` per file.
+    fetched ahead of use; ``timeout_s`` per request, and the longest a download may go
+    without receiving ``_PROGRESS_BYTES`` (1 MiB; a server trickling bytes is a stall);
+    ``retries`` per file.
     """
 
     cache_dir: str | None = None
@@ -63,15 +71,33 @@ class RemoteOptions:
     retries: int = 3
     storage_options: tuple[tuple[str, object], ...] = ()
 
-    def resolved_cache_dir(self, url: str) -> Path:
+    def __post_init__(self) -> None:
+        for key, value, ok, allowed in (
+            ("cache_limit_bytes", self.cache_limit_bytes, isinstance(self.cache_limit_bytes, int) and self.cache_limit_bytes > 0, "a whole number of bytes > 0"),
+            ("prefetch", self.prefetch, isinstance(self.prefetch, int) and self.prefetch >= 0, "a whole number >= 0"),
+            ("timeout_s", self.timeout_s, isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0, "seconds > 0"),
+            ("retries", self.retries, isinstance(self.retries, int) and self.retries >= 0, "a whole number >= 0"),
+        ):
+            if not ok or isinstance(value, bool):
+                raise ConfigError.bad_value(f"RemoteOptions.{key}", value, allowed)
+
+    def resolved_cache_dir(self, url: str = "") -> Path:
+        """The folder fetched files land in: ``<cache_dir>/shards``, the same for every URL.
+
+        One folder under one limit whatever is read through it (a mixture of remote caches, one
+        cache under two URLs): files are named after their sha256 (:meth:`ShardFetcher.local_name`),
+        so different caches never collide and the same file is fetched once. (Until 2026-11-24 each
+        URL had its own ``<16 hex>/`` subfolder, each with the whole limit.)"""
         base = self.cache_dir or os.environ.get("CACHEBUILD_CACHE_DIR")
         if not base:
-            base = "/dev/shm/cachebuild-remote" if Path("/dev/shm").is_dir() else str(Path(tempfile.gettempdir()) / "cachebuild-remote")
-        return Path(base) / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+            name = f"cachebuild-remote-{os.getuid()}"
+            base = f"/dev/shm/{name}" if Path("/dev/shm").is_dir() else str(Path(tempfile.gettempdir()) / name)
+        return Path(base) / "shards"
 
 
 def _open_url(url: str, opts: RemoteOptions) -> BinaryIO:
     if url.startswith(("http://", "https://")):
+        url = urllib.parse.quote(url, safe=_URL_SAFE)  # a space or a non-ASCII letter in the path: escaped, as browsers do
         return cast(BinaryIO, urllib.request.urlopen(url, timeout=opts.timeout_s))  # noqa: S310 - user-given URL
     import fsspec
 
@@ -84,115 +110,72 @@ def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
         try:
             return action()
         except urllib.error.HTTPError as exc:
+            exc.close()
             if exc.code in (404, 403, 401) or attempt == opts.retries:
-                raise RemoteError(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}") from exc
+                raise RemoteError(_one_line(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}")) from exc
         except (FileNotFoundError, PermissionError) as exc:  # fsspec's 404 / 403 (s3fs): a retry changes nothing
             what = "not found" if isinstance(exc, FileNotFoundError) else "permission denied"
             raise RemoteError(f"cannot fetch {url}: {what} ({exc})") from exc
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, http.client.HTTPException) as exc:  # HTTPException: a broken server (bad status line, ...)
             if attempt == opts.retries:
-                raise RemoteError(f"cannot fetch {url} after {opts.retries + 1} attempts: {exc}") from exc
+                what = _one_line(str(exc)) or type(exc).__name__
+                raise RemoteError(f"cannot fetch {url} after {opts.retries + 1} attempts: {what}") from exc
+        except (ValueError, ImportError) as exc:  # a malformed URL, an fsspec protocol unknown or not installed: final
+            if isinstance(exc, CacheBuildError):  # ShardCorruptError: the download's own check
+                raise
+            raise RemoteError(_one_line(f"cannot fetch {url}: {exc}")) from exc
         time.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")
 
 
+def _one_line(text: str) -> str:
+    """A server's or library's message on one line (urllib's redirect-loop reason spans three)."""
+    return " ".join(text.split())
+
+
+def _check_http_url(url: str) -> None:
+    """Refuse an http(s) cache URL that ``<URL>/<name>`` cannot extend: a ?query or #fragment would swallow the name."""
+    if not url.startswith(("http://", "https://")):
+        return
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:  # "Invalid IPv6 URL"
+        raise ConfigError.bad_value("remote cache URL", url, f"a valid URL ({exc})") from exc
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise ConfigError.bad_value("remote cache URL", url, "a URL without ?query or #fragment (the files are fetched as <URL>/<name>)")
+
+
+def _copy_bounded(src: BinaryIO, size: int, timeout_s: float, sink: Callable[[bytes], object]) -> int:
+    """Pass at most ``size + 1`` bytes of ``src`` to ``sink``; return how many. A stall (under
+    ``_PROGRESS_BYTES`` received within ``timeout_s``, a trickle included) raises TimeoutError:
+    ``read1`` returns what arrived, where ``read(n)`` would wait for all n bytes one slow recv at a time."""
+    read = src.read1 if isinstance(src, http.client.HTTPResponse) else src.read
+    got, since, mark = 0, 0, time.monotonic()
+    while got <= size and (chunk := read(min(_CHUNK, size + 1 - got))):
+        sink(chunk)
+        got += len(chunk)
+        since += len(chunk)
+        if since >= _PROGRESS_BYTES:
+            mark, since = time.monotonic(), 0
+        elif time.monotonic() - mark > timeout_s:
+            raise TimeoutError(f"stalled: under {_PROGRESS_BYTES} bytes in {timeout_s} s ({got} of {size} bytes)")
+    return got
+
+
 def fetch_manifest(url: str, opts: RemoteOptions = RemoteOptions()) -> Manifest:
     """Download and parse ``URL/manifest.json`` (bounded size; every name in it is checked to be a
     plain file name, so shards are fetched only from under ``url`` and only into the local cache folder)."""
+    _check_http_url(url)
     target = f"{url.rstrip('/')}/{MANIFEST_NAME}"
 
     def get() -> bytes:
+        parts: list[bytes] = []
         with _open_url(target, opts) as fh:
-            return fh.read(MAX_MANIFEST_BYTES + 1)  # more than the limit is refused by from_json
+            _copy_bounded(fh, MAX_MANIFEST_BYTES, opts.timeout_s, parts.append)  # more than the limit is refused by from_json
+        return b"".join(parts)
 
     return Manifest.from_json(_with_retries(target, opts, get), url.rstrip("/"))
-
-
-class LocalShardCache:
-    """A size-limited folder of complete files with LRU eviction, safe across processes."""
-
-    def __init__(self, folder: Path, limit_bytes: int):
-        self.folder = Path(folder)
-        self.limit = int(limit_bytes)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._lock_path = self.folder / ".lock"
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with open(self._lock_path, "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
-
-    def _entries(self) -> list[tuple[Path, os.stat_result]]:
-        out: list[tuple[Path, os.stat_result]] = []
-        for p in self.folder.iterdir():
-            if p.name == ".lock":
-                continue
-            try:
-                st = p.stat()
-            except FileNotFoundError:
-                continue
-            out.append((p, st))
-        return out
-
-    def used_bytes(self) -> int:
-        """Bytes held now: complete files plus reservations of downloads in flight."""
-        total = 0
-        for p, st in self._entries():
-            total += _reserved_size(p) if p.name.startswith(_TMP) else st.st_size
-        return total
-
-    def path(self, name: str) -> Path:
-        return self.folder / name
-
-    def lookup(self, name: str, size: int) -> Path | None:
-        """The complete local copy of ``name`` (touched as recently used), or None."""
-        p = self.folder / name
-        try:
-            if p.stat().st_size == size:
-                os.utime(p)
-                return p
-        except FileNotFoundError:
-            pass
-        return None
-
-    def reserve(self, name: str, size: int, keep: set[str]) -> Path:
-        """Make room for ``size`` bytes, evicting LRU files not in ``keep``; return a temp path."""
-        if size > self.limit:
-            raise RemoteError(f"file {name} ({size} bytes) is larger than the local cache limit ({self.limit} bytes); raise cache_limit_bytes")
-        with self._locked():
-            entries = self._entries()
-            used = sum(_reserved_size(p) if p.name.startswith(_TMP) else st.st_size for p, st in entries)
-            victims = sorted((st.st_mtime, p, st.st_size) for p, st in entries if not p.name.startswith(_TMP) and p.name not in keep)
-            while used + size > self.limit and victims:
-                _, p, sz = victims.pop(0)
-                p.unlink(missing_ok=True)
-                used -= sz
-            if used + size > self.limit:
-                raise RemoteError(f"local cache {self.folder} is full ({used} of {self.limit} bytes held by shards in use or downloads in flight); raise cache_limit_bytes")
-            tmp = self.folder / f"{_TMP}{size}-{os.getpid()}-{threading.get_ident()}-{name}"
-            tmp.touch()
-            return tmp
-
-    def commit(self, tmp: Path, name: str) -> Path:
-        """Rename a finished download into place, under the lock: a concurrent
-        ``reserve`` listing the folder must see it under one of its two names."""
-        final = self.folder / name
-        with self._locked():
-            os.replace(tmp, final)
-        return final
-
-
-def _reserved_size(p: Path) -> int:
-    """A download's reservation is encoded in its temp name: ``.part-<size>-...``."""
-    try:
-        return int(p.name[len(_TMP) :].split("-", 1)[0])
-    except ValueError:
-        return p.stat().st_size
 
 
 class ShardFetcher:
@@ -203,7 +186,7 @@ class ShardFetcher:
         self.manifest = manifest
         self.opts = opts
         self.cache = LocalShardCache(opts.resolved_cache_dir(self.url), opts.cache_limit_bytes)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self._pending: dict[str, Future[tuple[Path, Path]]] = {}
         self._guard = threading.Lock()
         self._wanted: list[int] = []
@@ -229,21 +212,27 @@ class ShardFetcher:
         if hit is not None:
             return hit
         url = f"{self.url}/{name}"
+        self.cache.check_fits(local, size)
 
         def get() -> Path:
             tmp = self.cache.reserve(local, size, keep)
             try:
                 h = hashlib.sha256()
-                got = 0
-                with _open_url(url, self.opts) as src, open(tmp, "wb") as dst:
-                    while chunk := src.read(_CHUNK):
+                with _open_url(url, self.opts) as src, open_tmp(tmp) as dst:
+
+                    def sink(chunk: bytes) -> None:
                         h.update(chunk)
                         dst.write(chunk)
-                        got += len(chunk)
+
+                    got = _copy_bounded(src, size, self.opts.timeout_s, sink)
+                    if got > size:
+                        raise OSError(f"the server sent more bytes than the manifest's {size} (another file?)")
+                    encoding = src.headers.get("Content-Encoding") if isinstance(src, http.client.HTTPResponse) else None
                 if got != size:
-                    raise OSError(f"got {got} bytes, manifest says {size} (connection cut?)")
+                    why = f"the server sent it with Content-Encoding {encoding}; serve the files as they are" if encoding else "connection cut?"
+                    raise OSError(f"got {got} bytes, manifest says {size} ({why})")
                 if h.hexdigest() != sha256:
-                    raise ShardCorruptError(f"{url}: sha256 of the downloaded file differs from the manifest (corrupt at the source?)")
+                    raise ShardCorruptError(f"{url}: sha256 of the downloaded file differs from the manifest (the cache at the URL changed since its manifest was read, or is corrupt there)")
                 return self.cache.commit(tmp, local)
             finally:
                 tmp.unlink(missing_ok=True)
@@ -290,8 +279,8 @@ class ShardFetcher:
             fut = self._pending.get(name)
             if fut is None:
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max(1, self.opts.prefetch), thread_name_prefix="cachebuild-fetch")
-                fut = self._pool.submit(self._fetch_shard, i)
+                    self._pool = DaemonPool(max(1, self.opts.prefetch), "cachebuild-fetch", self.cache.folder)
+                fut = self._pool.submit(functools.partial(self._fetch_shard, i))
                 self._pending[name] = fut
             return fut
 
@@ -329,7 +318,7 @@ class ShardFetcher:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             self._pool = None
 
     def __getstate__(self) -> dict[str, Any]:

@@ -104,3 +104,57 @@ def remote_rank_main(rank: int, world: int, port: int, url: str, out_dir: str, r
             dist.all_reduce(t)  # a rank with fewer steps would hang here
             steps += 1
         result.update({"batches": batches, "steps": steps, "len": len(loader)})
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:  # a client that hangs up on a trick is expected
+        pass
+
+
+class _HostileHandler(SimpleHTTPRequestHandler):
+    """Serves a folder, except for paths whose last part ``tricks`` maps to a misbehaviour."""
+
+    tricks: dict[str, Any] = {}
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        name = self.path.rsplit("/", 1)[-1]
+        trick = self.tricks.get(name)
+        if trick is None:
+            return super().do_GET()
+        trick(self)
+
+
+@contextmanager
+def serve_hostile(folder: Path, tricks: dict[str, Any]) -> Iterator[str]:
+    """Like :func:`serve_folder`, but a GET whose file name is a key of ``tricks`` is answered by
+    ``tricks[name](handler)`` (a misbehaving server: errors, cut bodies, wrong bytes, stalls, redirects).
+    ``tricks`` may be changed while the server runs."""
+    handler = functools.partial(type("_Hostile", (_HostileHandler,), {"tricks": tricks}), directory=str(folder))
+    server = _QuietServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def send_bytes(body: bytes, length: int | None = None, status: int = 200, headers: dict[str, str] | None = None):
+    """A trick: answer ``status`` with ``body`` and a Content-Length of ``length`` (default: the body's)."""
+
+    def trick(h: SimpleHTTPRequestHandler) -> None:
+        h.send_response(status)
+        h.send_header("Content-Length", str(len(body) if length is None else length))
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.end_headers()
+        h.wfile.write(body)
+        h.wfile.flush()
+        h.close_connection = True
+
+    return trick
