@@ -136,6 +136,24 @@ def batches_equal(a: dict, b: dict) -> bool:
     return True
 
 
+def spawn_ranks(main: Any, args: tuple, world: int, out_dir: Path, deadline_s: float) -> list[dict]:
+    """Run ``main(rank, *args)`` on ``world`` spawned ranks, killing them all (and failing the test) past
+    ``deadline_s``; each rank writes ``out_dir/rank{r}.json``, read back here and checked for an ``error``."""
+    import torch.multiprocessing as tmp
+
+    ctx = tmp.start_processes(main, args=args, nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + deadline_s
+    while not ctx.join(timeout=2):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"DDP ranks did not finish within {deadline_s} s (hang?)")
+    results = [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(world)]
+    for r, res in enumerate(results):
+        assert "error" not in res, f"rank {r}:\n{res['error']}"
+    return results
+
+
 def ddp_rank_main(rank: int, world: int, port: int, root: str, out_dir: str, runs: list[tuple[str, int, int, dict]]) -> None:
     """One DDP rank (gloo on loopback): per run ``(view, batch_size, num_workers, options)``,
     a training-style loop with an all_reduce per step.

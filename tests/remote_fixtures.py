@@ -39,12 +39,18 @@ def serve_folder(folder: Path, requests: list[str] | None = None) -> Iterator[tu
     ``requests``: a list the server appends each GET's path to (what was fetched).
     """
     handler = functools.partial(type("_Handler", (_QuietHandler,), {"requests": requests}), directory=str(folder))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    with _running(ThreadingHTTPServer(("127.0.0.1", 0), handler)) as server:
+        yield f"http://127.0.0.1:{server.server_address[1]}", server
+
+
+@contextmanager
+def _running(server: ThreadingHTTPServer) -> Iterator[ThreadingHTTPServer]:
+    """``server`` serving on a daemon thread until the block ends (then shut down and closed)."""
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", server
+        yield server
     finally:
         server.shutdown()
         server.server_close()
@@ -133,15 +139,8 @@ def serve_hostile(folder: Path, tricks: dict[str, Any]) -> Iterator[str]:
     ``tricks[name](handler)`` (a misbehaving server: errors, cut bodies, wrong bytes, stalls, redirects).
     ``tricks`` may be changed while the server runs."""
     handler = functools.partial(type("_Hostile", (_HostileHandler,), {"tricks": tricks}), directory=str(folder))
-    server = _QuietServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with _running(_QuietServer(("127.0.0.1", 0), handler)) as server:
         yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def send_bytes(body: bytes, length: int | None = None, status: int = 200, headers: dict[str, str] | None = None):

@@ -7,13 +7,10 @@ with an all_reduce per step finishes (a hang fails the test through the join dea
 
 from __future__ import annotations
 
-import json
-import time
 
 import pytest
-import torch.multiprocessing as tmp
 
-from loader_fixtures import causal_cache, ddp_rank_main, free_port  # noqa: F401
+from loader_fixtures import causal_cache, ddp_rank_main, free_port, spawn_ranks  # noqa: F401
 
 GRAPHS_RUNS = [("graphs", 16, nw, {}) for nw in (0, 1, 2)]
 TWINS_RUN = ("twins", 2000, 2, {"compact": True})
@@ -21,17 +18,7 @@ DEADLINE_S = 150
 
 
 def _launch(world: int, root, out_dir, runs) -> list[dict]:
-    ctx = tmp.start_processes(ddp_rank_main, args=(world, free_port(), str(root), str(out_dir), runs), nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"DDP ranks did not finish within {DEADLINE_S} s (hang?)")
-    results = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
-    for r, res in enumerate(results):
-        assert "error" not in res, f"rank {r}:\n{res['error']}"
-    return results
+    return spawn_ranks(ddp_rank_main, (world, free_port(), str(root), str(out_dir), runs), world, out_dir, DEADLINE_S)
 
 
 @pytest.mark.dist

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import time
 from collections import Counter
 
 import numpy as np
 import pytest
-import torch.multiprocessing as tmp
 
-from loader_fixtures import free_port
+from loader_fixtures import free_port, spawn_ranks
 from loaders import ShardStream, make_loader
 from mixture_fixtures import batch_ids, levels, make_mixture, mixture_rank_main, resume_ids_to_queue  # noqa: F401
 
@@ -21,17 +19,7 @@ SCHEDULE = {"schedule": [[0, 1, {"small": 1}], [1, None, {"mid": 1, "big": 1}]]}
 
 
 def _launch(world, roots, spec, out_dir, runs):
-    ctx = tmp.start_processes(mixture_rank_main, args=(world, free_port(), roots, spec, str(out_dir), runs), nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"DDP ranks did not finish within {DEADLINE_S} s (hang?)")
-    results = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
-    for r, res in enumerate(results):
-        assert "error" not in res, f"rank {r}:\n{res['error']}"
-    return results
+    return spawn_ranks(mixture_rank_main, (world, free_port(), roots, spec, str(out_dir), runs), world, out_dir, DEADLINE_S)
 
 
 def _real(batches):

@@ -8,18 +8,15 @@ workers, after a mid-epoch resume, under a gloo DDP world of 2, and on a mixture
 
 from __future__ import annotations
 
-import json
 import shutil
-import time
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as tmp
 
 from cachebuild.errors import CacheMismatchError, ShardCorruptError
 from cachebuild.format import read_manifest
-from loader_fixtures import causal_cache, free_port  # noqa: F401
+from loader_fixtures import causal_cache, free_port, spawn_ranks  # noqa: F401
 from loaders import Mixture, ShardStream, TwinsContext, expand_compact, make_loader
 from loaders.twins_context import batch_pools
 from mixture_fixtures import levels  # noqa: F401
@@ -186,16 +183,8 @@ def test_pool_mode_needs_pools(causal_cache):
 @pytest.mark.timeout(DEADLINE_S + 60)
 def test_ddp_ranks_expand_their_batches_of_the_global_plan(causal_cache, tmp_path):
     world = 2
-    ctx = tmp.start_processes(pool_rank_main, args=(world, free_port(), str(causal_cache), str(tmp_path), 2), nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"DDP ranks did not finish within {DEADLINE_S} s (hang?)")
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
-    for r, res in enumerate(results):
-        assert "error" not in res, f"rank {r}:\n{res['error']}"
+    results = spawn_ranks(pool_rank_main, (world, free_port(), str(causal_cache), str(tmp_path), 2), world, tmp_path, DEADLINE_S)
+    for res in results:
         assert all(same for _, _, same in res["batches"]), [x for x in res["batches"] if not x[2]][:3]
         assert res["max_held"] <= res["pool_span"] + 1
     batches = ShardStream(causal_cache, compact="pool", **dict(KW, batch_size=1200, seed=6)).plan(0).batches
