@@ -4,7 +4,6 @@ real gloo DDP ranks with DataLoader workers, a bounded local cache folder watche
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import threading
 import time
@@ -12,11 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch.multiprocessing as tmp
 
 from cachebuild.errors import RemoteError
 from cachebuild.format import read_manifest
-from loader_fixtures import batches_equal, build_causal
+from loader_fixtures import batches_equal, build_causal, spawn_ranks
 from loaders import ShardStream, make_loader
 from loaders.remote import LocalShardCache, RemoteOptions
 from remote_fixtures import free_port, moto_s3, remote_rank_main, serve_folder
@@ -91,17 +89,7 @@ class _Watch:
 
 
 def _launch(world: int, url: str, out_dir: Path, remote: RemoteOptions, batch_size: int, nw: int) -> list[dict]:
-    ctx = tmp.start_processes(remote_rank_main, args=(world, free_port(), url, str(out_dir), remote, batch_size, nw), nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"DDP ranks did not finish within {DEADLINE_S} s (hang?)")
-    results = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
-    errors = [f"rank {r}:\n{res['error']}" for r, res in enumerate(results) if "error" in res]
-    assert not errors, "\n".join(errors)
-    return results
+    return spawn_ranks(remote_rank_main, (world, free_port(), url, str(out_dir), remote, batch_size, nw), world, out_dir, DEADLINE_S)
 
 
 @pytest.mark.dist
