@@ -7,14 +7,15 @@ a one-line :class:`~cachebuild.errors.CacheBuildError` as the reader raised it).
 * :class:`ThreadDecoder`: one background thread (zstd releases the GIL; the
   rest of a decode, its planning and copies, shares the GIL with the trainer's
   loop). Regions are ordinary (or pinned) host memory.
-* :class:`ProcessDecoder`: one process (forked where the platform can, as
+* :class:`ProcessDecoder`: one process or more (``processes``; forked where the platform can, as
   DataLoader workers are; started once) decoding into regions in shared memory, so no GIL is shared: on
-  a trainer whose loop keeps the GIL busy, the decode runs beside it. The
+  a trainer whose loop keeps the GIL busy, the decode runs beside it; with several, each decodes its own
+  contiguous share of every pool's graphs. A
   process gets the shard set with a request only when it changed (another
-  generation); it ends with the context (``close``, or the context dropped
+  generation); they end with the context (``close``, or the context dropped
   and garbage collected), at the trainer's exit (an exception, Ctrl-C), or
-  within a second of the trainer's process being killed; its ``/dev/shm``
-  segment goes with it in each case.
+  within a second of the trainer's process being killed; their ``/dev/shm``
+  segment goes with them in each case.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Pending(Protocol):
     """A pool being decoded: ``result()`` waits for it (and raises its error)."""
 
     def result(self) -> Any: ...
+
+    def done(self) -> bool: ...
 
 
 def decode_rows(shards: ShardSet, ids: np.ndarray, decode: list[str], threads: int, host: dict[str, np.ndarray], lo: int, zero: list[str], copied: Any = None) -> None:
@@ -86,7 +89,10 @@ def _serve(conn: Connection, name: str, spec: _Spec, decode: list[str], threads:
         while True:
             while not conn.poll(1.0):
                 if os.getppid() != parent:
-                    shm.unlink()
+                    try:
+                        shm.unlink()
+                    except FileNotFoundError:  # another decode process of the same context was first
+                        pass
                     return
             try:
                 msg = conn.recv()
@@ -108,25 +114,36 @@ def _serve(conn: Connection, name: str, spec: _Spec, decode: list[str], threads:
 
 
 class _Reply:
-    def __init__(self, conn: Connection, proc: Any):
-        self.conn, self.proc, self.done = conn, proc, False
+    """The replies of every decode process to one request: ``result()`` reads them all (so each pipe stays in
+    step with its process) and then raises the first error, if any."""
+
+    def __init__(self, conns: list[Connection], procs: list[Any]):
+        self.conns, self.procs, self.read = conns, procs, False
         self.error: BaseException | None = None
 
+    def done(self) -> bool:
+        """Every process has replied (or ended): :meth:`result` will not wait."""
+        return self.read or all(conn.poll() for conn in self.conns)
+
     def result(self) -> None:
-        if not self.done:
-            self.done = True
-            try:
-                self.error = self.conn.recv()
-            except (EOFError, OSError):
-                self.error = RuntimeError(f"the TwinsContext decode process ended (exit code {self.proc.exitcode}) before its pool was decoded")
+        if not self.read:
+            self.read = True
+            for conn, proc in zip(self.conns, self.procs):
+                try:
+                    error = conn.recv()
+                except (EOFError, OSError):
+                    error = RuntimeError(f"the TwinsContext decode process ended (exit code {proc.exitcode}) before its pool was decoded")
+                self.error = self.error or error
         if self.error is not None:
             raise self.error
 
 
 class ProcessDecoder:
-    """Decodes in a spawned process into shared memory of ``rows`` rows of ``fields`` (``name -> (shape, dtype)``)."""
+    """Decodes in ``processes`` processes into shared memory of ``rows`` rows of ``fields`` (``name -> (shape,
+    dtype)``); each process decodes its own contiguous share of each pool's graphs, so a pool's decode
+    takes ``1 / processes`` of the time where cores are free."""
 
-    def __init__(self, fields: dict[str, tuple[tuple[int, ...], str]], rows: int, decode: list[str], threads: int):
+    def __init__(self, fields: dict[str, tuple[tuple[int, ...], str]], rows: int, decode: list[str], threads: int, processes: int = 1):
         spec, pos = {}, 0
         for k, (shape, dtype) in fields.items():
             full = (rows,) + tuple(shape)
@@ -140,29 +157,38 @@ class ProcessDecoder:
         # forked as the DataLoader's workers are (the child touches no CUDA: numpy and zstd only); spawn would
         # re-run a user's script that has no ``if __name__ == "__main__"`` guard
         ctx: Any = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, self._shm.name, spec, decode, threads, os.getpid()), daemon=True, name="twins-context-decoder")
-        self._proc.start()
-        child.close()
+        self._conns: list[Connection] = []
+        self._procs: list[Any] = []
+        for i in range(processes):
+            conn, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(child, self._shm.name, spec, decode, threads, os.getpid()), daemon=True, name=f"twins-context-decoder-{i}")
+            proc.start()
+            child.close()
+            self._conns.append(conn)
+            self._procs.append(proc)
         self._sent: ShardSet | None = None
         self._last: _Reply | None = None
         # a context dropped without close(), or still open when the interpreter exits (an exception, Ctrl-C):
-        # the process is stopped and the segment unlinked all the same
-        self._finalizer = weakref.finalize(self, _stop, self._conn, self._proc, self._shm, os.getpid())
+        # the processes are stopped and the segment unlinked all the same
+        self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs, self._shm, os.getpid())
 
     def submit(self, shards: ShardSet, ids: np.ndarray, lo: int, zero: list[str], copied: Any = None) -> _Reply:
         if copied is not None:
             copied.synchronize()
-        if self._last is not None and not self._last.done:
+        if self._last is not None and not self._last.read:
             self._last.result()  # one request at a time (the context waits for each anyway)
-        self._conn.send((shards if shards is not self._sent else None, ids, lo, zero))
+        new = shards if shards is not self._sent else None
+        start = 0
+        for conn, part in zip(self._conns, np.array_split(ids, len(self._conns))):
+            conn.send((new, part, lo + start, zero))
+            start += len(part)
         self._sent = shards
-        self._last = _Reply(self._conn, self._proc)
+        self._last = _Reply(self._conns, self._procs)
         return self._last
 
     def close(self) -> None:
         try:
-            if self._last is not None and not self._last.done:
+            if self._last is not None and not self._last.read:
                 self._last.result()
         except Exception:  # a process already gone: nothing to stop
             pass
@@ -170,20 +196,23 @@ class ProcessDecoder:
         self._finalizer()
 
 
-def _stop(conn: Connection, proc: Any, shm: SharedMemory, owner: int) -> None:
-    """Stop the decode process and free its shared memory (once: ``close``, garbage collection or exit), in the
-    process that started it only (not in a DataLoader worker forked with a copy of the context)."""
+def _stop(conns: list[Connection], procs: list[Any], shm: SharedMemory, owner: int) -> None:
+    """Stop the decode processes and free their shared memory (once: ``close``, garbage collection or exit), in
+    the process that started them only (not in a DataLoader worker forked with a copy of the context)."""
     if os.getpid() != owner:
         return
-    try:
-        conn.send(None)
-    except Exception:  # a process already gone: nothing to stop
-        pass
-    proc.join(timeout=10)
-    if proc.is_alive():
-        proc.kill()
+    for conn in conns:
+        try:
+            conn.send(None)
+        except Exception:  # a process already gone: nothing to stop
+            pass
+    for proc in procs:
         proc.join(timeout=10)
-    conn.close()
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+    for conn in conns:
+        conn.close()
     try:
         shm.close()
     except BufferError:  # arrays still view it (at exit): the mapping goes with the process

@@ -57,27 +57,10 @@ from loaders.batch import torch_dtype
 from loaders.plan import EpochPlan
 from loaders.stream import ShardStream
 from loaders.pool_decoder import DECODERS, Pending, ProcessDecoder, ThreadDecoder
+from loaders.pool_schedule import Key as _Key
+from loaders.pool_schedule import batch_pools, next_use, pick_region, wrap_pools
 
 __all__ = ["TwinsContext", "batch_pools"]
-
-_Key = tuple[int, int]  # (plan fingerprint, pool)
-
-
-def batch_pools(plan: EpochPlan, b: int) -> np.ndarray:
-    """The pools global batch ``b`` of a mixed ``plan`` touches, in stream order (cyclic: the epoch's
-    last batches wrap to its first pool)."""
-    if plan.pools is None or plan.pool_items is None:
-        raise ValueError("a plan without mixing pools (shuffle=False or mix=None) has no pools to hold")
-    Q, B, total = len(plan.pools) - 1, plan.batch_size, plan.total
-    if B >= total:
-        return np.arange(Q, dtype=np.int64)
-    a, z = (b * B) % total, (b * B + B - 1) % total
-    qa, qz = (int(np.searchsorted(plan.pool_items, p, side="right")) - 1 for p in (a, z))
-    if z >= a:
-        return np.arange(qa, qz + 1, dtype=np.int64)
-    if qz >= qa:  # wrapped onto the pools it started in: every pool
-        return np.arange(Q, dtype=np.int64)
-    return np.concatenate([np.arange(qa, Q), np.arange(0, qz + 1)]).astype(np.int64)
 
 
 def _stream_of(source: Any) -> ShardStream:
@@ -121,13 +104,15 @@ class TwinsContext:
         threads: zstd threads of a pool's decode.
         decoder: ``"thread"`` (a thread of this process) or ``"process"`` (a process of its own, decoding
             into shared memory: no GIL shared with the trainer's loop), see :mod:`loaders.pool_decoder`.
+        processes: with ``decoder="process"``, how many decode processes share each pool's decode (each its
+            own part of the graphs): more finish a pool sooner where cores are idle (0 DataLoader workers).
 
     Use it as a context manager or :meth:`close` it; a dropped context's decode process stops by itself.
     A batch that is not ``compact="pool"`` is a ``ValueError``; one of another plan or batch size (another
     stream) a :class:`~cachebuild.errors.CacheMismatchError`.
     """
 
-    def __init__(self, stream: Any, device: str | torch.device = "cpu", prefetch: bool = True, threads: int = 1, decoder: str = "thread"):
+    def __init__(self, stream: Any, device: str | torch.device = "cpu", prefetch: bool = True, threads: int = 1, decoder: str = "thread", processes: int = 1):
         stream = _stream_of(stream)
         view = stream.view
         if getattr(view, "name", None) != "twins" or getattr(view, "compact", None) != "pool":
@@ -142,10 +127,16 @@ class TwinsContext:
         if decoder not in DECODERS:
             raise ValueError(f"TwinsContext: decoder must be one of {DECODERS}, got {decoder!r}")
         self.decoder = decoder
+        if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= 64:
+            raise ValueError(f"TwinsContext: processes must be a whole number from 1 to 64, got {processes!r}")
+        if processes > 1 and decoder != "process":
+            raise ValueError(f"TwinsContext: processes={processes} needs decoder='process' (the thread decoder is one thread)")
+        self.processes = processes
         self._decoder: ThreadDecoder | ProcessDecoder | None = None
         self._rows = 0
         self._next: tuple[tuple[Any, int], EpochPlan] | None = None  # the next epoch's plan, for its first pool
         self._next_fp = 0
+        self._wrap_of: tuple[int, list[int]] = (0, [])  # (plan fingerprint, the pools its last batch wraps to)
         self._shards: ShardSet | None = None
         self._shards_of: tuple[int, ...] = ()
         self._regions: dict[str, torch.Tensor] = {}  # on the device
@@ -194,10 +185,15 @@ class TwinsContext:
             if self._ready(fingerprint, q):
                 continue
             if self.ahead != (fingerprint, q):
-                self._submit(plan, fingerprint, q, keys)
+                self._submit(plan, fingerprint, q, keys, need)
             self._place()
-        if self.prefetch and self._pending is None and need[-1] >= need[0]:  # (not past a wrap to the epoch's start)
-            self._decode_ahead(plan, fingerprint, epoch, int(need[-1]) + 1, pools, keys)
+        if self._pending is not None and self._pending[2].done() and self._pending[0] not in keys:
+            try:  # decoded ahead: placed now, so the next one can start
+                self._place()
+            except Exception:  # (its region is freed: decoded again when a batch needs it, raising there)
+                pass
+        if self.prefetch and self._pending is None:
+            self._decode_ahead(plan, fingerprint, epoch, need, keys)
         self.max_held = max(self.max_held, sum(k is not None for k in self._held))
         return self._lut
 
@@ -209,17 +205,37 @@ class TwinsContext:
             if k is not None and k[0] == fingerprint and k != self.ahead:
                 self._lut[k[1]] = r * self._size
 
-    def _decode_ahead(self, plan: EpochPlan, fingerprint: int, epoch: int, q: int, pools: int, keep: set[_Key]) -> None:
-        """Decode pool ``q`` of this plan, or after its last pool the first of the next epoch's (planned now,
-        as the stream will plan it unless it reads another generation by then: then that decode is unused)."""
-        if q >= pools:
+    def _decode_ahead(self, plan: EpochPlan, fingerprint: int, epoch: int, need: np.ndarray, keep: set[_Key]) -> None:
+        """Decode the first pool not held of those needed next (:mod:`loaders.pool_schedule`), the next epoch's
+        first one planned now, as the stream will plan it (unused if it then reads another generation or epoch),
+        into a region whose pool is not needed sooner."""
+        pools, last, span = len(self._lut), int(need[-1]), len(self._held)
+        seq: list[_Key] = []
+        if last >= need[0]:  # (after a batch that wrapped to the epoch's start, the next epoch comes)
+            seq = [(fingerprint, q) for q in range(last + 1, min(pools, last + 1 + span))]
+            seq += [(fingerprint, q) for q in self._wrap(plan, fingerprint) if q < need[0]]
+        target = next((k for k in seq[:span] if k not in self._held), None)
+        if target is None and len(seq) < span:
             nxt = self._next_plan(epoch)
             if nxt is None:
                 return
-            plan, fingerprint, q = nxt, nxt.fingerprint(), 0
-            self._next_fp = fingerprint
-        if (fingerprint, q) not in self._held:
-            self._submit(plan, fingerprint, q, keep)
+            plan, self._next_fp = nxt, nxt.fingerprint()
+            target = (self._next_fp, 0)
+        if target is not None and target not in self._held:
+            use = self._uses(fingerprint, need)
+            evicted = use[pick_region(self._held, keep, use)]
+            if evicted < 0 or evicted > self._uses(fingerprint, need, [target])[0]:  # (never one needed sooner)
+                self._submit(plan, target[0], target[1], keep, need)
+
+    def _wrap(self, plan: EpochPlan, fingerprint: int) -> list[int]:
+        if self._wrap_of[0] != fingerprint:
+            self._wrap_of = (fingerprint, wrap_pools(plan))
+        return self._wrap_of[1]
+
+    def _uses(self, fingerprint: int, need: np.ndarray, keys: list[_Key | None] | None = None) -> list[int]:
+        """:func:`loaders.pool_schedule.next_use` of ``keys`` (default: the held pools) after a batch touching ``need``."""
+        wrap = self._wrap_of[1] if self._wrap_of[0] == fingerprint else []
+        return [next_use(k, fingerprint, need, len(self._lut), wrap, self._next_fp) for k in (self._held if keys is None else keys)]
 
     def _next_plan(self, epoch: int) -> EpochPlan | None:
         """The plan of ``epoch + 1``, without taking the place of the stream's one cached plan."""
@@ -261,7 +277,7 @@ class TwinsContext:
         fields = {k: (f.shape, np.dtype(f.dtype).name) for k, f in self._fields().items()} | {"record_id": ((), "int64")}
         decode = list(self._dims[4])
         if self.decoder == "process":
-            proc = ProcessDecoder(fields, rows, decode, self.threads)
+            proc = ProcessDecoder(fields, rows, decode, self.threads, self.processes)
             self._decoder, self._host = proc, {k: torch.from_numpy(a) for k, a in proc.host.items()}
         else:
             self._host = {k: torch.zeros((rows,) + tuple(shape), dtype=torch_dtype(dtype), pin_memory=cuda) for k, (shape, dtype) in fields.items()}
@@ -276,23 +292,16 @@ class TwinsContext:
             self._decoder.close()
             self._decoder, self._rows = None, 0
 
-    def _rank(self, key: _Key | None, fingerprint: int) -> int:
-        """Which region to reuse first: an empty one, one of a plan no longer read, one of this plan, one
-        decoded ahead for the next epoch."""
-        if key is None:
-            return 0
-        return 2 if key[0] == fingerprint else 3 if key[0] == self._next_fp else 1
-
     def _ready(self, fingerprint: int, q: int) -> bool:
         """Pool ``q`` is decoded in a region (not being decoded)."""
         return (fingerprint, q) in self._held and self.ahead != (fingerprint, q)
 
-    def _submit(self, plan: EpochPlan, fingerprint: int, q: int, keep: set[_Key]) -> None:
+    def _submit(self, plan: EpochPlan, fingerprint: int, q: int, keep: set[_Key], need: np.ndarray) -> None:
         """Decode pool ``q`` on the decode thread (after the decode under way, one at a time), into a region no
         pool of ``keep`` (the batch's) is in: ``pool_span + 1`` regions always have one (a batch touches at most
         ``pool_span`` pools, ``q`` among them or the one after them)."""
         self._drain()
-        r = min((i for i, k in enumerate(self._held) if k not in keep), key=lambda i: self._rank(self._held[i], fingerprint))
+        r = pick_region(self._held, keep, self._uses(self._lut_plan, need))
         old = self._held[r]
         if old is not None and old[0] == self._lut_plan:
             self._lut[old[1]] = -1

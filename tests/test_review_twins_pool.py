@@ -81,15 +81,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_dropped_process_context_stops_its_process_and_frees_its_shared_memory(causal_cache):
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_dropped_process_context_stops_its_process_and_frees_its_shared_memory(causal_cache, processes):
     stream = ShardStream(causal_cache, compact="pool", **KW)
-    ctx = TwinsContext(stream, decoder="process")
+    ctx = TwinsContext(stream, decoder="process", processes=processes)
     ctx.expand(stream.batch(0, 0))
-    proc, shm = ctx._decoder._proc, ctx._decoder._shm.name  # type: ignore[union-attr]
-    assert proc.is_alive() and os.path.exists(f"/dev/shm/{shm}")
+    procs, shm = ctx._decoder._procs, ctx._decoder._shm.name  # type: ignore[union-attr]
+    assert len(procs) == processes and all(p.is_alive() for p in procs) and os.path.exists(f"/dev/shm/{shm}")
     del ctx
-    proc.join(timeout=10)
-    assert not proc.is_alive()
+    for proc in procs:
+        proc.join(timeout=10)
+        assert not proc.is_alive()
     assert not os.path.exists(f"/dev/shm/{shm}")
 
 
@@ -97,36 +99,38 @@ _TRAINER = """
 import os, signal, sys
 from loaders import ShardStream, TwinsContext
 stream = ShardStream(sys.argv[1], view="twins", batch_size=1500, seed=4, mix=64, compact="pool")
-ctx = TwinsContext(stream, decoder="process")
+ctx = TwinsContext(stream, decoder="process", processes=int(sys.argv[3]))
 for i, batch in enumerate(stream):
     ctx.expand(batch)
     if i == 2:
         break
-print(ctx._decoder._proc.pid, ctx._decoder._shm.name, flush=True)
+print(*(p.pid for p in ctx._decoder._procs), ctx._decoder._shm.name, flush=True)
 if sys.argv[2] == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 raise RuntimeError("the training loop failed")
 """
 
 
-@pytest.mark.parametrize("end", ["raise", "kill"])
-def test_a_trainer_that_fails_or_is_killed_leaves_no_decode_process_nor_shared_memory(causal_cache, end, tmp_path):
+@pytest.mark.parametrize("end,processes", [("raise", 1), ("kill", 1), ("kill", 2)])
+def test_a_trainer_that_fails_or_is_killed_leaves_no_decode_process_nor_shared_memory(causal_cache, end, processes, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out, err = tmp_path / "out", tmp_path / "err"  # files, not pipes: a decode process left over would hold a pipe open
     with open(out, "w") as o, open(err, "w") as e:
-        subprocess.run([sys.executable, "-c", _TRAINER, str(causal_cache), end], stdout=o, stderr=e, timeout=60, env=env, stdin=subprocess.DEVNULL)
-    pid, shm = out.read_text().split()
+        subprocess.run([sys.executable, "-c", _TRAINER, str(causal_cache), end, str(processes)], stdout=o, stderr=e, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    *pids, shm = out.read_text().split()
     stderr = err.read_text()
+    assert len(pids) == processes, stderr
     deadline = time.monotonic() + 5
-    while _alive(int(pid)) and time.monotonic() < deadline:
+    while any(_alive(int(p)) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     try:
-        assert not _alive(int(pid)), f"the decode process {pid} outlived its trainer ({end})"
+        assert not any(_alive(int(p)) for p in pids), f"a decode process of {pids} outlived its trainer ({end})"
         assert not os.path.exists(f"/dev/shm/{shm}")
         assert "leaked shared_memory" not in stderr, stderr
     finally:
-        if _alive(int(pid)):
-            os.kill(int(pid), 9)
+        for p in pids:
+            if _alive(int(p)):
+                os.kill(int(p), 9)
 
 
 def _snippet(tag: str) -> str:

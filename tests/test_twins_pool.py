@@ -67,11 +67,11 @@ def test_pool_batches_are_small_and_the_rows_those_of_the_plan(causal_cache):
         assert all(np.array_equal(arrays[k], got[k].numpy()) for k in got)
 
 
-@pytest.mark.parametrize("workers,decoder", [(0, "thread"), (2, "thread"), (0, "process"), (2, "process")])
-def test_expand_equals_the_default_view_through_the_loader_for_two_epochs(causal_cache, workers, decoder):
+@pytest.mark.parametrize("workers,decoder,processes", [(0, "thread", 1), (2, "thread", 1), (0, "process", 1), (2, "process", 1), (0, "process", 2)])
+def test_expand_equals_the_default_view_through_the_loader_for_two_epochs(causal_cache, workers, decoder, processes):
     stream = ShardStream(causal_cache, compact="pool", **KW)
     loader = make_loader(stream, num_workers=workers, persistent_workers=workers > 0)
-    with TwinsContext(loader, decoder=decoder) as ctx:
+    with TwinsContext(loader, decoder=decoder, processes=processes) as ctx:
         for epoch in range(2):
             numbers = _check_epoch(causal_cache, ctx, loader, epoch)
             assert len(numbers) == stream.plan(epoch).batches
@@ -136,6 +136,36 @@ def test_the_context_holds_at_most_pool_span_plus_one_pools_and_decodes_ahead(ca
         assert ctx.ahead is None and ctx.max_held == 1
 
 
+@pytest.mark.parametrize("decoder,processes", [("thread", 1), ("process", 2)])
+def test_after_a_pass_starts_every_pool_a_batch_needs_was_decoded_ahead(causal_cache, decoder, processes):
+    """No batch but a pass's first waits for a decode it did not see coming: the epoch's next pools, the pool
+    its last batch wraps back to (decoded again, ahead of that batch), and the next epoch's first pool are all
+    asked for before the batch that needs them, within ``pool_span + 1`` regions."""
+    stream = ShardStream(causal_cache, compact="pool", **KW)
+    with TwinsContext(stream, decoder=decoder, processes=processes) as ctx:
+        for epoch in range(3):
+            plan = stream.plan(epoch)
+            for b in range(plan.batches):
+                if (epoch, b) != (0, 0):
+                    ready = set(ctx.held()) | {ctx.ahead}
+                    missing = [q for q in batch_pools(plan, b).tolist() if (plan.fingerprint(), q) not in ready]
+                    assert not missing, f"epoch {epoch} batch {b}: pools {missing} not decoded ahead"
+                ctx.load(stream.batch(b, epoch))
+                assert ctx.max_held <= plan.pool_span + 1
+
+
+def test_pool_schedule_never_lets_go_of_a_pool_needed_sooner():
+    from loaders.pool_schedule import next_use, pick_region
+
+    need, fp, nfp, pools, wrap = np.array([2, 3]), 7, 9, 6, [0]
+    uses = [next_use(k, fp, need, pools, wrap, nfp) for k in [(fp, 4), (fp, 0), (nfp, 0), (fp, 1), (5, 0), None]]
+    assert uses[:3] == [1, pools + 1, 2 * pools + 2] and uses[3:] == [-1, -1, -1]  # next, wrap-around, next epoch; free
+    held = [(fp, 4), (fp, 0), (nfp, 0), (fp, 2)]
+    assert pick_region(held, {(fp, 2)}, uses[:3] + [0]) == 2  # the one needed last
+    assert pick_region(held + [(fp, 1)], {(fp, 2)}, uses[:3] + [0, -1]) == 4  # a free one first
+    assert next_use((fp, 0), fp, np.array([5, 0]), pools, wrap, nfp) == -1  # after the wrapped batch: done
+
+
 def test_a_batch_of_another_plan_is_a_one_line_error(causal_cache):
     other = ShardStream(causal_cache, compact="pool", **dict(KW, seed=5))
     batch = ShardStream(causal_cache, compact="pool", **KW).batch(3, 1)
@@ -175,6 +205,11 @@ def test_pool_mode_needs_pools(causal_cache):
         TwinsContext(unshuffled)
     with pytest.raises(ValueError, match="decoder must be one of"):
         TwinsContext(ShardStream(causal_cache, compact="pool", **KW), decoder="fork")
+    for bad in (0, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="processes must be a whole number from 1 to 64"):
+            TwinsContext(ShardStream(causal_cache, compact="pool", **KW), decoder="process", processes=bad)
+    with pytest.raises(ValueError, match="processes=2 needs decoder='process'"):
+        TwinsContext(ShardStream(causal_cache, compact="pool", **KW), processes=2)
     with pytest.raises(ValueError, match="TwinsContext needs a ShardStream"):
         TwinsContext(ShardStream(causal_cache, compact=True, **KW))
 
