@@ -32,6 +32,7 @@ from cachebuild.builder.pack_choice import choose_pack, choose_share
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
 from cachebuild.builder.prepare import check_local, complete_read_only, prepare_out, read_only_folder, read_only_refusal
 from cachebuild.builder.source import RecordSource
+from cachebuild.builder.stop import raise_if_stopped
 from cachebuild.checks import MAX_RECORDS, MAX_SHARDS
 from cachebuild.errors import ConfigError, OutputError, ShardCorruptError
 from cachebuild.format.codec import Codec
@@ -200,6 +201,7 @@ def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, 
     try:
         with fewer_collections():
             fill_shard(writer, source, seed, spec)
+        raise_if_stopped(fresh=True)  # never renamed into place for a build that has stopped (cachebuild.builder.stop)
         shard = writer.close(sync=sync)
     except BaseException:
         writer.abort()
