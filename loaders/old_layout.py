@@ -44,7 +44,7 @@ IDLE_S = 3600.0
 """An old folder is removed only when nothing in it changed or was used for this long (seconds)."""
 
 _FOLDER = re.compile(r"[0-9a-f]{16}")
-_FETCHED = re.compile(r"(?:[0-9a-f]{16}-)?[^/]+(?:\.tar|\.idx\.npy|\.idx\.npy\.zst)")
+_FETCHED = re.compile(r"[^/]+\.(?:tar|idx\.npy|idx\.npy\.zst)")  # <16 hex>-<name> or <name>: a shard or an index
 _PART = re.compile(r"\.part-\d+-(\d+)-\d+-(.+)")
 
 _swept: set[str] = set()

@@ -143,7 +143,8 @@ def _dask_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, addres
                 yield result
         finally:
             if not all(f.done() for f in futures):  # an error, an interrupt, a caller that left early
-                _stop_dask_jobs(client, futures, token)
+                with contextlib.suppress(OSError):  # (the scheduler is gone, and its tasks with it: the first error stands)
+                    _stop_dask_jobs(client, futures, token)
 
 
 def _stop_dask_jobs(client: Any, futures: list[Any], token: str) -> None:
