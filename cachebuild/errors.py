@@ -14,6 +14,7 @@ __all__ = [
     "ShardCorruptError",
     "ManifestError",
     "CacheMismatchError",
+    "WorkerStateError",
     "OutputError",
     "SourceError",
     "RemoteError",
@@ -54,6 +55,21 @@ class CacheMismatchError(CacheBuildError, ValueError):
     """An existing cache was built from another config/seed than the one requested."""
 
     exit_code = 4
+
+
+class WorkerStateError(CacheMismatchError):
+    """A loader state saved by torchdata's ``StatefulDataLoader`` with another ``num_workers``.
+
+    Its message stays one line when torch re-raises it in the main process from a
+    DataLoader worker (torch builds that copy from the worker's whole traceback:
+    the constructor keeps the traceback's last line, the worker's own message).
+    """
+
+    def __init__(self, message: str = "") -> None:
+        if message.startswith("Caught ") and "Traceback" in message:
+            mine = [ln for ln in message.splitlines() if ln.startswith(f"{type(self).__module__}.{type(self).__qualname__}: ")]
+            message = mine[-1].split(": ", 1)[1] if mine else message
+        super().__init__(message)
 
 
 class OutputError(CacheBuildError, OSError):

@@ -27,6 +27,7 @@ pass runs: the next one, unless ``set_epoch``/``load_state_dict`` said
 otherwise), :mod:`~loaders.device` (``to_device``), :mod:`~loaders.monitor`
 and :mod:`~loaders.monitor_out` (the stall monitor and its outputs),
 :mod:`~loaders.lightning` (a Lightning datamodule; imports Lightning),
+:mod:`~loaders.stateful` (torchdata's ``StatefulDataLoader``, checking a loaded state; imports torchdata),
 :mod:`~loaders.mixture`, :mod:`~loaders.schedule` and :mod:`~loaders.mixplan`
 (several caches in one stream: weights, schedules). Only
 ``cachebuild.format``, ``cachebuild.errors`` and ``cachebuild.checks`` are

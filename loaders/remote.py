@@ -35,6 +35,7 @@ from cachebuild.format.limits import MAX_MANIFEST_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from loaders.fetchpool import DaemonPool
 from loaders.localcache import LocalShardCache
+from loaders.old_layout import sweep_old_layout
 
 T = TypeVar("T")
 
@@ -87,7 +88,8 @@ class RemoteOptions:
         One folder under one limit whatever is read through it (a mixture of remote caches, one
         cache under two URLs): files are named after their sha256 (:meth:`ShardFetcher.local_name`),
         so different caches never collide and the same file is fetched once. (Until 2026-11-24 each
-        URL had its own ``<16 hex>/`` subfolder, each with the whole limit.)"""
+        URL had its own ``<16 hex>/`` subfolder, each with the whole limit; :mod:`loaders.old_layout`
+        removes those.)"""
         base = self.cache_dir or os.environ.get("CACHEBUILD_CACHE_DIR")
         if not base:
             name = f"cachebuild-remote-{os.getuid()}"
@@ -186,6 +188,7 @@ class ShardFetcher:
         self.manifest = manifest
         self.opts = opts
         self.cache = LocalShardCache(opts.resolved_cache_dir(self.url), opts.cache_limit_bytes)
+        sweep_old_layout(self.cache.folder.parent)  # the per-URL folders of before 2026-11-24 (loaders.old_layout)
         self._pool: DaemonPool | None = None
         self._pending: dict[str, Future[tuple[Path, Path]]] = {}
         self._guard = threading.Lock()

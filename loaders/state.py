@@ -17,7 +17,10 @@ Inside the workers of torchdata's ``StatefulDataLoader``, each worker saves
 its own share: the same dict with ``position`` the start of its pass and a
 ``"worker": {"id", "num_workers", "rank", "yielded"}`` entry (its batches are
 every ``num_workers``-th of the rank's from ``position``, and it yielded
-``yielded`` of them); such a state loads only into the same worker.
+``yielded`` of them); such a state loads only into the same worker of the same
+``num_workers`` (:class:`~cachebuild.errors.WorkerStateError` otherwise: one
+line, in the main process, before any worker starts when the loader is a
+:class:`loaders.stateful.StatefulStreamLoader`, see :func:`check_loader_workers`).
 
 Resuming needs only ``epoch`` and ``position`` (O(1), nothing replayed); the
 rest must match the stream it is loaded into, else :class:`CacheMismatchError`.
@@ -30,10 +33,22 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from cachebuild.errors import CacheMismatchError
+from cachebuild.errors import CacheMismatchError, WorkerStateError
 from cachebuild.format.manifest import Manifest
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "PlanConfig", "cache_fingerprint", "make_state", "check_state", "make_worker_state", "check_worker_state", "state_generation"]
+__all__ = [
+    "STATE_FORMAT",
+    "STATE_VERSION",
+    "PlanConfig",
+    "cache_fingerprint",
+    "make_state",
+    "check_state",
+    "make_worker_state",
+    "check_worker_state",
+    "state_generation",
+    "saved_workers",
+    "check_loader_workers",
+]
 
 STATE_FORMAT = "cachebuild-loader-state"
 STATE_VERSION = 1
@@ -128,9 +143,43 @@ def check_worker_state(state: Mapping[str, Any], worker: int, num_workers: int) 
     w = state.get("worker")
     if not isinstance(w, Mapping):
         raise ValueError("a DataLoader worker can only load a state saved by a worker (torchdata's StatefulDataLoader)")
-    if (w.get("id"), w.get("num_workers")) != (worker, num_workers):
-        raise ValueError(f"loader state was saved by worker {w.get('id')!r} of {w.get('num_workers')!r}, loaded into worker {worker} of {num_workers}: resume with the same num_workers")
+    if w.get("num_workers") != num_workers:
+        raise WorkerStateError(_other_workers(w.get("num_workers"), num_workers))
+    if w.get("id") != worker:
+        raise ValueError(f"loader state was saved by worker {w.get('id')!r} of {num_workers}, loaded into worker {worker} of {num_workers}")
     yielded = w.get("yielded")
     if not isinstance(yielded, int) or yielded < 0:
         raise ValueError(f"loader state has an invalid worker progress: yielded={yielded!r}")
     return yielded
+
+
+def _other_workers(saved: object, now: int) -> str:
+    return (
+        f"loader state was saved by a StatefulDataLoader with num_workers={saved!r}, loaded into one with num_workers={now}: "
+        f"resume with num_workers={saved!r} (a state of loaders.make_loader resumes on any worker count)"
+    )
+
+
+def saved_workers(state: Mapping[str, Any]) -> int | None:
+    """``num_workers`` of the torchdata ``StatefulDataLoader`` that saved ``state`` (None: not such a state).
+
+    Its multi-process states hold it in ``_snapshot._main_snapshot._num_workers``;
+    its single-process states have a top-level ``_num_yielded`` instead.
+    """
+    snap = state.get("_snapshot") if isinstance(state, Mapping) else None
+    if isinstance(snap, Mapping):
+        main = snap.get("_main_snapshot")
+        n = main.get("_num_workers") if isinstance(main, Mapping) else None
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
+    return 0 if isinstance(state, Mapping) and "_num_yielded" in state else None
+
+
+def check_loader_workers(state: Mapping[str, Any], num_workers: int) -> None:
+    """Main process, before torchdata reads ``state``: refuse, in one line, a state saved with another ``num_workers``.
+
+    (Inside the workers, :func:`check_worker_state` refuses the same, but
+    torchdata's own assertions come first when either count is 0.)
+    """
+    saved = saved_workers(state)
+    if saved is not None and saved != num_workers:
+        raise WorkerStateError(_other_workers(saved, num_workers))

@@ -9,9 +9,12 @@ from __future__ import annotations
 import pytest
 
 from loader_fixtures import all_batches_equal, real_record_ids, batches_equal, causal_cache  # noqa: F401
+from cachebuild.errors import WorkerStateError
 from loaders import ShardStream
+from loaders.state import saved_workers
 
 sdl = pytest.importorskip("torchdata.stateful_dataloader")
+from loaders.stateful import StatefulStreamLoader  # noqa: E402
 
 
 def _stream(root):
@@ -42,14 +45,55 @@ def test_stateful_dataloader_resumes_exactly(causal_cache, workers, cut, persist
     assert all_batches_equal(list(fresh), e1)  # the next pass is the next epoch
 
 
-def test_stateful_dataloader_refuses_another_worker_count(causal_cache):
-    dl = sdl.StatefulDataLoader(_stream(causal_cache), batch_size=None, num_workers=2)
+def _saved_at(root, workers: int, batches: int = 3) -> dict:
+    dl = sdl.StatefulDataLoader(_stream(root), batch_size=None, num_workers=workers)
     it = iter(dl)
-    for _ in range(3):
+    for _ in range(batches):
         next(it)
     state = dl.state_dict()
     del it, dl
-    fresh = sdl.StatefulDataLoader(_stream(causal_cache), batch_size=None, num_workers=1)
-    with pytest.raises(ValueError, match="saved by worker 0 of 2, loaded into worker 0 of 1"):
+    return state
+
+
+def _one_line(exc: BaseException, saved: int, now: int) -> None:
+    text = str(exc)
+    assert "\n" not in text and "Traceback" not in text and "Caught" not in text, text
+    assert f"num_workers={saved}" in text and f"num_workers={now}" in text, text
+
+
+def test_stateful_dataloader_refuses_another_worker_count_in_one_line(causal_cache):
+    """A plain StatefulDataLoader, 2 workers saved, 1 or 3 loading: the workers refuse, and what
+    torch re-raises in the main process is one line naming both counts (not the worker's traceback)."""
+    state = _saved_at(causal_cache, 2)
+    for now in (1, 3):
+        fresh = sdl.StatefulDataLoader(_stream(causal_cache), batch_size=None, num_workers=now)
         fresh.load_state_dict(state)
-        list(fresh)
+        with pytest.raises(WorkerStateError) as info:
+            list(fresh)
+        _one_line(info.value, 2, now)
+        assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("saved,now", [(2, 1), (2, 0), (0, 2)])
+def test_stateful_stream_loader_refuses_in_the_main_process(causal_cache, saved, now):
+    """StatefulStreamLoader checks the counts in load_state_dict, before any worker starts or
+    torchdata's own assertions (which come first with 0 workers) see the state."""
+    state = _saved_at(causal_cache, saved)
+    assert saved_workers(state) == saved
+    fresh = StatefulStreamLoader(_stream(causal_cache), num_workers=now)
+    with pytest.raises(WorkerStateError) as info:
+        fresh.load_state_dict(state)
+    _one_line(info.value, saved, now)
+    assert fresh._iterator is None and fresh.next_iter_state is None  # refused before torchdata kept it
+    assert info.value.__traceback__ is not None
+    frames = [f.name for f in __import__("traceback").extract_tb(info.value.__traceback__)]
+    assert frames[-1] == "check_loader_workers", frames  # raised here, in this process
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_stream_loader_resumes_with_the_same_count(causal_cache, workers):
+    e0 = _epoch(causal_cache, 0)
+    state = _saved_at(causal_cache, workers, batches=5)
+    fresh = StatefulStreamLoader(_stream(causal_cache), num_workers=workers)
+    fresh.load_state_dict(state)
+    assert all_batches_equal(list(fresh), e0[5:])

@@ -17,12 +17,16 @@ scheduler that cannot import that module drops the task graph with a log line wh
 the build waits forever. Before the shards are sent, one probe task loads a job on a
 worker, so a cluster that cannot load it (no cachebuild there, an installed module
 missing) is one error naming the module, and a cluster that runs nothing is an error
-after ``PROBE_TIMEOUT_S``.
+after ``PROBE_TIMEOUT_S``. A build that stops (a shard failed, Ctrl-C) cancels the tasks not
+started and waits for the running ones, which stop between blocks and never publish
+their shard (:func:`_stop_dask_jobs`, :mod:`cachebuild.builder.stop`).
 
 Ray: ``ray.init(address)`` (or a local Ray) and Ray's joblib backend. The build checks the
 address before it touches its output (:mod:`cachebuild.builder.cluster_check`); ``ray.init``
 then runs with Ray's connection retries bounded, so a port that accepts TCP but is no Ray
-fails in about 40 s instead of retrying for many minutes.
+fails in about 40 s instead of retrying for many minutes. A build that stops: joblib aborts its
+Ray pool (the pool's actors are killed), so running shards stop where they are and publish
+nothing; their temporary files stay until the next build of the folder removes them.
 """
 
 from __future__ import annotations
@@ -30,16 +34,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import uuid
+import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Iterator, Sequence
 
 from cachebuild.builder.cluster_check import ray_connect_env, ray_connects
+from cachebuild.builder.stop import BuildStopped, stop_check
 from cachebuild.errors import ConfigError
 
 __all__ = ["BACKENDS", "run_jobs"]
 
 BACKENDS = ("loky", "threading", "dask", "ray")
 PROBE_TIMEOUT_S = 120.0
+STOP_WAIT_S = 120.0
+"""How long a stopped Dask build waits for its running shard tasks to end (:func:`_stop_dask_jobs`)."""
 
 
 @contextlib.contextmanager
@@ -70,13 +79,26 @@ class _JobError:
         self.exc = exc
 
 
-def _run_pickled(blob: bytes) -> Any:
-    """Run a job that came as cloudpickle bytes: ``(fn, item, args)`` -> ``fn(item, *args)``."""
+class _Stopped:
+    """What a job returns when its build had stopped: it wrote nothing (or removed what it had begun)."""
+
+
+def _run_pickled(blob: bytes, token: str) -> Any:
+    """Run a job that came as cloudpickle bytes: ``(fn, item, args)`` -> ``fn(item, *args)``, unless its build
+    has stopped: the job asks the build's ``Event`` (named ``token``) between blocks (the first time
+    ``CHECK_EVERY_S`` after it began) and right before its shard is renamed into place
+    (:mod:`cachebuild.builder.stop`): one round trip to the scheduler for a short shard."""
     import pickle
 
+    from distributed import Event
+
+    stop = Event(token)
     fn, item, args = pickle.loads(blob)
     try:
-        return fn(item, *args)
+        with stop_check(stop.is_set):
+            return fn(item, *args)
+    except BuildStopped:
+        return _Stopped()
     except Exception as exc:
         return _JobError(exc)
 
@@ -111,7 +133,8 @@ def _dask_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, addres
 
     with _dask_client(address, workers) as client:
         _probe_dask_workers(client, cloudpickle.dumps((fn, items[0], args)), address)
-        futures = [client.submit(_run_pickled, cloudpickle.dumps((fn, item, args)), pure=False) for item in items]
+        token = f"cachebuild-build-{uuid.uuid4().hex}"
+        futures = [client.submit(_run_pickled, cloudpickle.dumps((fn, item, args)), token, pure=False) for item in items]
         try:
             for future in as_completed(futures, loop=client.loop):
                 result = future.result()
@@ -119,7 +142,39 @@ def _dask_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, addres
                     raise result.exc
                 yield result
         finally:
-            client.cancel(futures)
+            if not all(f.done() for f in futures):  # an error, an interrupt, a caller that left early
+                with contextlib.suppress(OSError):  # (the scheduler is gone, and its tasks with it: the first error stands)
+                    _stop_dask_jobs(client, futures, token)
+
+
+def _stop_dask_jobs(client: Any, futures: list[Any], token: str) -> None:
+    """Stop the build's tasks on the cluster: nothing they write may appear after the build returns.
+
+    Cancelling a Dask future drops a task that has not started, but one already
+    running on a worker runs to its end (Dask cannot interrupt a thread) and
+    would write its shard after the build returned. So the build's ``Event`` is
+    set first; the tasks the scheduler has not handed to a worker are
+    cancelled; those it has (running, or next in a worker's queue) are waited
+    for, at most :data:`STOP_WAIT_S`: a running one stops at its next block (or
+    before its shard is renamed into place) and removes its temporary file, one
+    not started returns at once. A task handed out after the scheduler was
+    asked found the event already set when it started. A second Ctrl-C ends the
+    wait at once (the tasks still never publish a shard).
+    """
+    from distributed import Event, as_completed
+
+    Event(token, client=client).set()
+    handed = {key for keys in client.processing().values() for key in keys}
+    client.cancel([f for f in futures if f.key not in handed])
+    running = [f for f in futures if f.key in handed and not f.done()]
+    try:
+        for _ in as_completed(running, loop=client.loop, timeout=STOP_WAIT_S):
+            pass
+    except TimeoutError:
+        left = sum(not f.done() for f in running)
+        warnings.warn(f"{left} shard task(s) still running on the Dask cluster {STOP_WAIT_S:.0f} s after the build stopped; they will not publish their shards", RuntimeWarning, stacklevel=3)
+    finally:
+        client.cancel(running)
 
 
 @contextlib.contextmanager

@@ -30,8 +30,9 @@ from cachebuild.builder.overwrite import discard_unstarted, finish_swap, open_st
 from cachebuild.builder.output import LocalOutput, Output, open_output
 from cachebuild.builder.pack_choice import choose_pack, choose_share
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
-from cachebuild.builder.prepare import check_local, prepare_out
+from cachebuild.builder.prepare import check_local, complete_read_only, prepare_out, read_only_folder, read_only_refusal
 from cachebuild.builder.source import RecordSource
+from cachebuild.builder.stop import raise_if_stopped
 from cachebuild.checks import MAX_RECORDS, MAX_SHARDS
 from cachebuild.errors import ConfigError, OutputError, ShardCorruptError
 from cachebuild.format.codec import Codec
@@ -200,6 +201,7 @@ def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, 
     try:
         with fewer_collections():
             fill_shard(writer, source, seed, spec)
+        raise_if_stopped(fresh=True)  # never renamed into place for a build that has stopped (cachebuild.builder.stop)
         shard = writer.close(sync=sync)
     except BaseException:
         writer.abort()
@@ -243,6 +245,13 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
     if not isinstance(out, LocalOutput):
         finish_swap(out)  # an --overwrite swap a crash interrupted goes forward first (the pack choice reads the manifest)
         return _build(source, _with_pack(opts, record_bytes, out), out, unit, t0, per_shard)
+    if read_only_folder(out):  # nothing may be written there: only "this cache is complete" is an answer
+        opts = _with_pack(opts, record_bytes, out)
+        doc = _fingerprint_doc(source, opts, per_shard)
+        manifest = complete_read_only(out, _fingerprint(doc))
+        if manifest is not None:
+            return _complete(out, manifest, t0)
+        raise read_only_refusal(out)
     check_local(out)
     with build_lock(out.path):
         finish_swap(out)
@@ -263,10 +272,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     fingerprint = _fingerprint(doc)
     state = prepare_out(out, doc, fingerprint, opts.overwrite)
     if state == "complete":
-        m = Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
-        raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
-        note = staged_note(out)
-        return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack, entries=m.shards, notes=(note,) if note else ())
+        return _complete(out, Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location), t0)
     notes: tuple[str, ...] = ()
     if state == "build":
         built, shards = _make(source, opts, out, plan, doc, fingerprint, unit)
@@ -281,6 +287,13 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
         notes = (f"--overwrite: built in {target.location}, then swapped in for the cache of another recipe",)
     raw, stored = sum(s.raw_bytes for s in shards), sum(s.bytes for s in shards)
     return BuildSummary(out.location, opts.records, len(plan), built, len(plan) - built, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack, entries=tuple(shards), notes=notes)
+
+
+def _complete(out: Output, m: Manifest, t0: float) -> BuildSummary:
+    """The summary of a rerun that found its cache complete: nothing to do."""
+    raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
+    note = staged_note(out)
+    return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack, entries=m.shards, notes=(note,) if note else ())
 
 
 def _make(source: RecordSource, opts: BuildOptions, out: Output, plan: list[ShardSpec], doc: dict[str, Any], fingerprint: str, unit: str) -> tuple[int, list[ShardEntry]]:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec
 from cachebuild.builder.source import RecordSource
+from cachebuild.builder.stop import raise_if_stopped
 from cachebuild.errors import CacheBuildError, ConfigError, ManifestError, SourceError
 from cachebuild.format.limits import FIELD_NAME_RE, check_dtype
 from cachebuild.format.names import JSON_DTYPE
@@ -83,6 +84,7 @@ def fill_shard(writer: ShardWriter, source: RecordSource, seed: int, spec: Shard
             raise
         except Exception as exc:
             raise source_error(source, spec.index, spec.start + writer.records, f"raised {type(exc).__name__}: {exc}") from exc
+        raise_if_stopped()  # a build stopped meanwhile (a cluster's task outliving it): drop the shard
         _add_block(writer, source, spec, fields, block)
     _write(writer, source, spec, fields, [], writer.flush_pending)
     if writer.records != spec.records:

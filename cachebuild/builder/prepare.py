@@ -15,6 +15,11 @@
 
 Without ``--overwrite`` another recipe is refused, naming the keys that
 differ.
+
+A local folder this process may not write (``chmod``, a read-only mount) is
+looked at without writing anything (:func:`complete_read_only`): the complete
+cache of this recipe is "nothing to do"; anything else is the one-line
+"not writable" refusal of :func:`check_local`.
 """
 
 from __future__ import annotations
@@ -24,16 +29,16 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from cachebuild.builder.markers import BUILD_RECORD, is_ours, manifest_damaged
+from cachebuild.builder.markers import BUILD_RECORD, STAGING_DIR, is_ours, manifest_damaged
 from cachebuild.builder.mismatch import describe_differences, fingerprint_doc_of_manifest
 from cachebuild.builder.output import LocalOutput, Output
-from cachebuild.builder.overwrite import drop_redundant_staging, staged_fingerprint, staged_note
-from cachebuild.errors import CacheMismatchError, ManifestError, OutputError
+from cachebuild.builder.overwrite import SWAP_RECORD, drop_redundant_staging, staged_fingerprint, staged_note
+from cachebuild.errors import CacheBuildError, CacheMismatchError, ManifestError, OutputError
 from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.manifest import MANIFEST_NAME, READ_VERSIONS, Manifest
 from cachebuild.format.names import FORMAT_NAME
 
-__all__ = ["Prepared", "prepare_out", "check_local"]
+__all__ = ["Prepared", "prepare_out", "check_local", "read_only_folder", "complete_read_only", "read_only_refusal"]
 
 Prepared = Literal["complete", "build", "stage"]
 
@@ -51,6 +56,39 @@ def check_local(out: LocalOutput) -> None:
         raise output_error(path, exc) from exc
     if not os.access(path, os.W_OK):
         raise OutputError(f"cannot write {path}: not writable")
+
+
+def read_only_folder(out: LocalOutput) -> bool:
+    """The output is an existing folder this process may not write into (permissions, a read-only mount)."""
+    return out.path.is_dir() and not os.access(out.path, os.W_OK)
+
+
+def complete_read_only(out: LocalOutput, fingerprint: str) -> Manifest | None:
+    """The manifest of the complete cache of ``fingerprint`` in ``out``, found without writing anything; else None.
+
+    For a folder the build cannot write: no build lock is taken (creating its
+    file is a write; no build of ours can be writing into a folder we could
+    not write either, and the manifest is only ever replaced whole), no
+    redundant staged build removed. An ``--overwrite`` swap left half done
+    (``.overwrite/swap.json``), another recipe, a missing or resized file, or
+    a folder that cannot be read all answer None.
+    """
+    try:
+        names = out.names()
+        if MANIFEST_NAME not in names or (STAGING_DIR in names and out.child(STAGING_DIR).read_json(SWAP_RECORD) is not None):
+            return None
+        doc = out.read_json(MANIFEST_NAME) or {}
+        if (doc.get("build") or {}).get("fingerprint") != fingerprint or manifest_damaged(out, doc):
+            return None
+        return Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location)
+    except (OSError, ValueError, CacheBuildError):
+        return None
+
+
+def read_only_refusal(out: LocalOutput) -> OutputError:
+    """The one line for a folder the build cannot write that does not hold its complete cache."""
+    held = ", and the cache in it is not this recipe's complete cache" if (out.path / MANIFEST_NAME).is_file() else ""
+    return OutputError(f"cannot write {out.path}: not writable{held}")
 
 
 def _check_manifest_readable(out: Output) -> None:

@@ -1,0 +1,61 @@
+"""Telling a shard job that its build has stopped (another shard failed, or the build was interrupted).
+
+A backend whose jobs can outlive the build's call (Dask: a task on a cluster's
+worker runs to its end even when cancelled) runs each job under
+:func:`stop_check`. The job asks :func:`raise_if_stopped` between blocks (an
+answer at most every :data:`CHECK_EVERY_S`: each may be a round trip to the
+cluster) and, freshly, right before its shard is closed and renamed into place;
+a stopped build makes it raise :class:`BuildStopped`, its writer removes the
+temporary file, and nothing is published. Jobs without a check (loky's worker
+processes, terminated with the build; threads, which the build waits for) are
+never stopped this way.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator
+
+__all__ = ["BuildStopped", "CHECK_EVERY_S", "stop_check", "raise_if_stopped"]
+
+CHECK_EVERY_S = 0.5
+
+
+class BuildStopped(Exception):
+    """The build this job belongs to has stopped: the shard is dropped unpublished (never shown to users)."""
+
+
+class _Check:
+    def __init__(self, check: Callable[[], bool]):
+        self.check = check
+        self.asked = time.monotonic()  # the first answer CHECK_EVERY_S in: a short job asks once, freshly, at its end
+        self.stopped = False
+
+    def __call__(self, fresh: bool) -> bool:
+        now = time.monotonic()
+        if not self.stopped and (fresh or now - self.asked >= CHECK_EVERY_S):
+            self.stopped, self.asked = bool(self.check()), now
+        return self.stopped
+
+
+_current: ContextVar[_Check | None] = ContextVar("cachebuild_stop_check", default=None)
+
+
+@contextmanager
+def stop_check(check: Callable[[], bool]) -> Iterator[None]:
+    """Run the block with ``check()`` (True: the build has stopped) as this job's stop check (asked first
+    :data:`CHECK_EVERY_S` into the block, or when a fresh answer is wanted)."""
+    token = _current.set(_Check(check))
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def raise_if_stopped(fresh: bool = False) -> None:
+    """Raise :class:`BuildStopped` if this job's build has stopped (``fresh``: ask now, not a recent answer)."""
+    check = _current.get()
+    if check is not None and check(fresh):
+        raise BuildStopped("the build stopped")
