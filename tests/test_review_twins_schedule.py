@@ -302,3 +302,34 @@ def test_without_prefetch_nothing_is_decoded_ahead(causal_cache, decoder):
         assert ctx.ahead is None and ctx._next is None  # (the next epoch is not even planned)
         # each pool once (pool 0 kept for the padding batch: needed before the others held), epoch 1's first
         assert ctx.loads == len(pool.plan(0).pools) and len(waited) == ctx.loads - 1
+
+
+def test_a_wait_for_a_decode_process_interrupted_by_ctrl_c_leaves_the_pipes_in_step(causal_cache):
+    """Ctrl-C while ``load`` waits for a decode process (a notebook cell stopped, then run again): the reply
+    left in the pipe is read before the next request's (before: the next request took it for its own and
+    its pool was read before it was decoded)."""
+    pool, full = ShardStream(causal_cache, compact="pool", **KW), ShardStream(causal_cache, **KW)
+    plan = pool.plan(0)
+    first1 = next(b for b in range(plan.batches) if 1 in batch_pools(plan, b).tolist())
+    ctx = TwinsContext(pool, decoder="process", prefetch=False)
+    for b in range(first1):
+        ctx.expand(pool.batch(b))
+    shm, procs = _gone(ctx)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    os.kill(procs[0].pid, signal.SIGSTOP)  # (the decode cannot finish before the interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            ctx.expand(pool.batch(first1))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        os.kill(procs[0].pid, signal.SIGCONT)
+    for b in range(first1, plan.batches):
+        assert _same(ctx.expand(pool.batch(b)), full.batch(b)), b
+    ctx.close()
+    _closed(shm, procs)
