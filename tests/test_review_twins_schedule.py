@@ -278,14 +278,15 @@ def test_a_mixture_read_by_a_ddp_rank(levels):
     _closed(*shm)
 
 
-def test_a_cache_grown_between_epochs(tmp_path):
+@pytest.mark.parametrize("decoder,processes", [("thread", 1), ("process", 3)])
+def test_a_cache_grown_between_epochs(tmp_path, decoder, processes):
     """Epoch 0 on 120 graphs (the next epoch's first pool decoded ahead on them), 80 more appended, epoch 1 on
     the 200: bit for bit (that pool of the old generation is never used), nothing waits after epoch 1's first."""
     from cachebuild.jobs import run_causal_build
 
     root = build_causal(tmp_path / "grow", graphs=120)
     pool, full = ShardStream(root, compact="pool", **KW), ShardStream(root, **KW)
-    with TwinsContext(pool) as ctx:
+    with TwinsContext(pool, decoder=decoder, processes=processes) as ctx:  # (each process gets the new shard set)
         assert _consume(pool, full, ctx, [(0, b) for b in range(pool.plan(0).batches)]) == []
         old = pool.plan(1).fingerprint()
         assert (old, 0) in ctx.held() + [ctx.ahead]
