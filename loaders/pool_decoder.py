@@ -114,34 +114,36 @@ def _serve(conn: Connection, name: str, spec: _Spec, decode: list[str], threads:
 
 
 class _Reply:
-    """The replies of every decode process to one request: ``result()`` reads them all (so each pipe stays in
-    step with its process) and then raises the first error, if any."""
+    """The replies of the decode processes sent one request: ``result()`` reads each (so every pipe stays in
+    step with its process, even if a wait is interrupted: what is left is read next time) and then raises
+    the first error, if any."""
 
-    def __init__(self, conns: list[Connection], procs: list[Any]):
-        self.conns, self.procs, self.read = conns, procs, False
-        self.error: BaseException | None = None
+    def __init__(self, conns: list[Connection], procs: list[Any], broken: list[str]):
+        self.conns, self.procs, self.broken, self.error = conns, procs, broken, None  # (not the decoder: no cycle)
+        self.waiting: list[int] = []  # the processes sent the request whose reply is not read yet
 
     def done(self) -> bool:
         """Every process has replied (or ended): :meth:`result` will not wait."""
-        return self.read or all(conn.poll() for conn in self.conns)
+        return all(self.conns[i].poll() for i in self.waiting)
 
     def result(self) -> None:
-        if not self.read:
-            self.read = True
-            for conn, proc in zip(self.conns, self.procs):
-                try:
-                    error = conn.recv()
-                except (EOFError, OSError):
-                    error = RuntimeError(f"the TwinsContext decode process ended (exit code {proc.exitcode}) before its pool was decoded")
-                self.error = self.error or error
+        while self.waiting:
+            i = self.waiting[0]
+            try:
+                error = self.conns[i].recv()
+            except (EOFError, OSError):
+                error = _ended(self.procs, i, self.broken)
+            self.waiting.pop(0)
+            self.error = self.error or error
         if self.error is not None:
             raise self.error
 
 
 class ProcessDecoder:
     """Decodes in ``processes`` processes into shared memory of ``rows`` rows of ``fields`` (``name -> (shape,
-    dtype)``); each process decodes its own contiguous share of each pool's graphs, so a pool's decode
-    takes ``1 / processes`` of the time where cores are free."""
+    dtype)``); each process decodes its own contiguous share of each pool's graphs (none if the pool has
+    fewer graphs than processes), so a pool's decode takes ``1 / processes`` of the time where cores are
+    free. A process that ended (killed) breaks the decoder: each later request raises the same one line."""
 
     def __init__(self, fields: dict[str, tuple[tuple[int, ...], str]], rows: int, decode: list[str], threads: int, processes: int = 1):
         spec, pos = {}, 0
@@ -166,8 +168,9 @@ class ProcessDecoder:
             child.close()
             self._conns.append(conn)
             self._procs.append(proc)
-        self._sent: ShardSet | None = None
+        self._sent: list[ShardSet | None] = [None] * processes  # the shard set each process has
         self._last: _Reply | None = None
+        self._broken: list[str] = []  # the one line of the process that ended, if one did
         # a context dropped without close(), or still open when the interpreter exits (an exception, Ctrl-C):
         # the processes are stopped and the segment unlinked all the same
         self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs, self._shm, os.getpid())
@@ -175,25 +178,50 @@ class ProcessDecoder:
     def submit(self, shards: ShardSet, ids: np.ndarray, lo: int, zero: list[str], copied: Any = None) -> _Reply:
         if copied is not None:
             copied.synchronize()
-        if self._last is not None and not self._last.read:
-            self._last.result()  # one request at a time (the context waits for each anyway)
-        new = shards if shards is not self._sent else None
-        start = 0
-        for conn, part in zip(self._conns, np.array_split(ids, len(self._conns))):
-            conn.send((new, part, lo + start, zero))
+        if self._last is not None:
+            try:
+                self._last.result()  # one request at a time (the context waits for each anyway)
+            except Exception:  # (one the context forgot, interrupted: only its end matters here)
+                pass
+        for i, proc in enumerate(self._procs):
+            if not self._broken and not proc.is_alive():
+                _ended(self._procs, i, self._broken)
+        if self._broken:
+            raise RuntimeError(self._broken[0])
+        reply, start = _Reply(self._conns, self._procs, self._broken), 0
+        self._last = reply
+        for i, part in enumerate(np.array_split(ids, len(self._conns))):
+            if len(part):  # (a process with no graphs of this pool is not asked: an empty block is no decode)
+                new = shards if shards is not self._sent[i] else None
+                try:
+                    self._conns[i].send((new, part, lo + start, zero))
+                except OSError:
+                    raise _ended(self._procs, i, self._broken) from None
+                self._sent[i] = shards
+                reply.waiting.append(i)
             start += len(part)
-        self._sent = shards
-        self._last = _Reply(self._conns, self._procs)
-        return self._last
+        return reply
 
     def close(self) -> None:
         try:
-            if self._last is not None and not self._last.read:
+            if self._last is not None:
                 self._last.result()
         except Exception:  # a process already gone: nothing to stop
             pass
         self.host = {}
         self._finalizer()
+
+
+def _ended(procs: list[Any], i: int, broken: list[str]) -> RuntimeError:
+    """Decode process ``i`` is gone: the decoder is broken from now on (``broken`` gets the one line, returned)."""
+    proc = procs[i]
+    proc.join(timeout=1)
+    if not broken:
+        broken.append(
+            f"TwinsContext decode process {i + 1} of {len(procs)} (pid {proc.pid}) ended (exit code {proc.exitcode}) before its share of a pool "
+            f"was decoded (killed? out of memory?): this context decodes no more; close it and make a new TwinsContext"
+        )
+    return RuntimeError(broken[0])
 
 
 def _stop(conns: list[Connection], procs: list[Any], shm: SharedMemory, owner: int) -> None:

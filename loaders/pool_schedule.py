@@ -2,14 +2,20 @@
 
 Pure functions of an epoch's plan (no state): the pools a global batch's
 stream positions fall in (cyclic: the epoch's last batch wraps back to its
-first pools), the order in which pools are needed after a batch, and the
-region a new pool goes into. The order after a batch touching ``need`` is: the
-epoch's pools after ``need[-1]``, then the pools its last batch wraps back to
-(decoded again if they were let go: holding them through the epoch would take
-one more region), then the next epoch's first pool. A region is reused for a
-pool only if what it holds is not needed before that pool (the furthest-needed
-pool goes first, as in Belady's rule), so decoding ahead never evicts a pool
-the next batches read.
+first pools, and a DDP rank's padding batches past the epoch's end repeat
+them), the order in which a consumer needs pools after a batch, and the region
+a new pool goes into.
+
+A consumer reads every ``stride``-th global batch (1: all of them; rank ``r``
+of ``W`` DDP ranks: ``r, r+W, ...`` below ``steps * W``, the last ones whole
+padding). After its batch ``b`` it needs, in order: the pools its next batches
+of this epoch touch first (the epoch's next pools, the pools the epoch's last
+batch wraps back to if it reads that batch, the pools its padding batch
+repeats; pools only other ranks' batches touch are skipped), then the first
+pool of its first batch of the next epoch (batch ``b % stride``). A region is
+reused for a pool only if what it holds is not needed before that pool (the
+furthest-needed pool goes first, as in Belady's rule), so decoding ahead never
+evicts a pool the next batches read.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 
 from loaders.plan import EpochPlan
 
-__all__ = ["batch_pools", "wrap_pools", "next_use", "pick_region", "Key"]
+__all__ = ["batch_pools", "upcoming_pools", "next_use", "pick_region", "Key"]
 
 Key = tuple[int, int]  # (plan fingerprint, pool)
 
@@ -42,27 +48,31 @@ def batch_pools(plan: EpochPlan, b: int) -> np.ndarray:
     return np.concatenate([np.arange(qa, Q), np.arange(0, qz + 1)]).astype(np.int64)
 
 
-def wrap_pools(plan: EpochPlan) -> list[int]:
-    """The pools the epoch's last batch wraps back to (its stream positions past the end are the epoch's first)."""
-    last = batch_pools(plan, plan.batches - 1)
-    drop = np.flatnonzero(np.diff(last) < 0)
-    return last[drop[0] + 1 :].tolist() if len(drop) else []
+def upcoming_pools(plan: EpochPlan, b: int, stride: int, limit: int) -> list[int]:
+    """The pools of ``plan`` that a consumer reading every ``stride``-th batch touches after its batch ``b``
+    (``b + stride, b + 2*stride, ...`` below ``plan.steps(stride) * stride``), in the order first touched,
+    those of batch ``b`` left out; at most ``limit``. Batches inside pools already seen are jumped over
+    (a few steps per pool, not one per batch)."""
+    assert plan.pool_items is not None, "a mixed plan has pools"
+    B, end, n = plan.batch_size, plan.steps(stride) * stride, b + stride
+    seen = set(batch_pools(plan, b).tolist())
+    out: list[int] = []
+    while n < end and len(out) < limit:
+        got = batch_pools(plan, n).tolist()
+        out += [q for q in got if q not in seen]
+        seen.update(got)
+        step = 1
+        if got[-1] >= got[0] and n * B < plan.total:  # (not wrapped, not padding): on to the batch reaching the next pool
+            first = -(-(int(plan.pool_items[got[-1] + 1]) - B + 1) // B)
+            step = max(1, -(-(first - n) // stride))
+        n += step * stride
+    return out[:limit]
 
 
-def next_use(key: Key | None, fingerprint: int, need: np.ndarray, pools: int, wrap: Sequence[int], next_fingerprint: int) -> int:
-    """When pool ``key`` is needed after a batch of plan ``fingerprint`` (``pools`` pools, the last batch
-    wrapping to ``wrap``) touching ``need``: 1, 2, ... in order (this epoch's next pools, its wrap-around
-    pools, the next epoch's ``next_fingerprint``), or -1: not needed again (nothing, or a pool of a plan no
-    longer read), so its region is free."""
-    if key is None:
-        return -1
-    fp, q = key
-    if fp == fingerprint and need[-1] >= need[0]:  # (after a wrapped batch the epoch is over)
-        if q > need[-1]:
-            return q - int(need[-1])
-        if q < need[0] and q in wrap:
-            return pools + 1 + list(wrap).index(q)
-    return 2 * pools + 2 + q if fp == next_fingerprint and fp != fingerprint else -1
+def next_use(key: Key | None, order: Sequence[Key]) -> int:
+    """When pool ``key`` is needed in ``order`` (the pools needed next, soonest first): 1, 2, ..., or -1: not
+    needed soon (nothing, a pool already read, or one of a plan no longer read), so its region is free."""
+    return order.index(key) + 1 if key is not None and key in order else -1
 
 
 def pick_region(held: Sequence[Key | None], keep: set[Key], use: list[int]) -> int:

@@ -8,13 +8,10 @@ holds the context instead, in this object:
 
 * **What it holds**: the decoded, padded graphs (``base``, ``int``, ``adj``,
   ``targets``, ``values``, ``n``, record ids; ``delta`` when it is read) of the
-  pools the current batch touches, in ``pool_span + 1`` *regions* of
-  ``pool_size`` graphs (the plan's numbers: a batch touches at most
-  ``pool_span`` pools, usually 2; the last region takes the pool decoded
-  ahead): never more than ``pool_span + 1`` pools (``max_held`` counts them).
-  Pools are decoded in place into host regions (pinned for a CUDA device with
-  the decode thread, then copied into the same regions on the device; a region's
-  next decode waits for that copy).
+  pools the current batch touches (at most ``pool_span``, usually 2) and one
+  decoded ahead, in ``pool_span + 1`` *regions* of ``pool_size`` graphs
+  (``max_held`` counts them), decoded in place into host regions (pinned for a
+  CUDA device, then copied there; a region's next decode waits for that copy).
 * **How it gets them**: from the batch's ``plan`` and the stream's own plan of
   that epoch (:meth:`loaders.ShardStream.plan`) it knows the pools the batch
   touches (the stream positions ``[b*B, (b+1)*B)``, cyclic); a pool it does not
@@ -22,21 +19,19 @@ holds the context instead, in this object:
   twins view's block decode, through a shard set of the stream's own kind, so
   mixtures and remote caches read as the stream does) into a region no pool of
   the batch needs. Each pool is decoded once per epoch per consumer.
-* **Ahead of time**: after a batch, the pool after its last one is decoded in
-  the background (:mod:`loaders.pool_decoder`: one thread of this process by
-  default, zstd releasing the GIL; ``decoder="process"``: a process of its own
+* **Ahead of time**: after a batch, the next pool this consumer needs
+  (:mod:`loaders.pool_schedule`; a DDP rank's batches are every ``W``-th, the
+  stride seen between its batches) is decoded in the background
+  (:mod:`loaders.pool_decoder`: a thread, or ``decoder="process"``: processes
   decoding into shared memory, no GIL shared with the trainer's loop), so the
   trainer does not wait at pool boundaries; all decoding goes there, one pool at
-  a time (the shard set has one user), and its errors reach the caller of
-  :meth:`load`. After an epoch's last pool comes the next epoch's first, as the
-  stream will plan it (planned here without taking the place of the stream's
-  cached plan; unused if the stream then reads another generation or epoch).
+  a time, and its errors reach the caller of :meth:`load` whose batch needs that
+  pool. After the consumer's last batch of an epoch comes the next epoch's first
+  pool, as the stream will plan it (unused if it then reads another generation).
 * **Stateless beyond its cache**: a batch names its plan, so mid-epoch resume,
-  DDP ranks (every rank's batches come from the same global plan), 0 or more
-  DataLoader workers and persistent workers need nothing else. A batch whose
-  plan fingerprint is not the one the stream plans for that epoch (another
-  generation of a growing cache, another seed or mixture) is a
-  :class:`~cachebuild.errors.CacheMismatchError`.
+  DDP ranks, 0 or more (persistent) DataLoader workers need nothing else. A
+  batch of a plan the stream does not plan for that epoch (another generation,
+  seed or mixture) is a :class:`~cachebuild.errors.CacheMismatchError`.
 
 :meth:`expand` rebuilds exactly the default ``twins`` keys by indexing on
 ``device``. It reads the batch's ``plan`` (24 bytes) on the host: for a batch
@@ -58,7 +53,7 @@ from loaders.plan import EpochPlan
 from loaders.stream import ShardStream
 from loaders.pool_decoder import DECODERS, Pending, ProcessDecoder, ThreadDecoder
 from loaders.pool_schedule import Key as _Key
-from loaders.pool_schedule import batch_pools, next_use, pick_region, wrap_pools
+from loaders.pool_schedule import batch_pools, next_use, pick_region, upcoming_pools
 
 __all__ = ["TwinsContext", "batch_pools"]
 
@@ -135,8 +130,8 @@ class TwinsContext:
         self._decoder: ThreadDecoder | ProcessDecoder | None = None
         self._rows = 0
         self._next: tuple[tuple[Any, int], EpochPlan] | None = None  # the next epoch's plan, for its first pool
-        self._next_fp = 0
-        self._wrap_of: tuple[int, list[int]] = (0, [])  # (plan fingerprint, the pools its last batch wraps to)
+        self._stride, self._last = 1, (0, 0)  # batches between this consumer's (a DDP rank: the world size); its last
+        self._order: tuple[tuple[Any, ...], list[_Key]] = ((), [])  # the pools needed next, after a batch (cached)
         self._shards: ShardSet | None = None
         self._shards_of: tuple[int, ...] = ()
         self._regions: dict[str, torch.Tensor] = {}  # on the device
@@ -180,20 +175,20 @@ class TwinsContext:
             self._allocate(plan.pool_size, plan.pool_span + 1)
         if self._lut_plan != fingerprint:  # a new epoch (or generation): its own pools (one may be decoded already)
             self._new_table(fingerprint, pools)
-        keys = {(fingerprint, int(q)) for q in need}
+        if self._last[0] == fingerprint and b > self._last[1]:
+            self._stride = b - self._last[1]
+        self._last = (fingerprint, b)
+        keys, order = {(fingerprint, int(q)) for q in need}, self._needed(plan, epoch, b, need)
         for q in need.tolist():
             if self._ready(fingerprint, q):
                 continue
             if self.ahead != (fingerprint, q):
-                self._submit(plan, fingerprint, q, keys, need)
+                self._submit(plan, q, keys, order)
             self._place()
         if self._pending is not None and self._pending[2].done() and self._pending[0] not in keys:
-            try:  # decoded ahead: placed now, so the next one can start
-                self._place()
-            except Exception:  # (its region is freed: decoded again when a batch needs it, raising there)
-                pass
+            self._drain()  # decoded ahead: placed now, so the next one can start
         if self.prefetch and self._pending is None:
-            self._decode_ahead(plan, fingerprint, epoch, need, keys)
+            self._decode_ahead(plan, keys, order)
         self.max_held = max(self.max_held, sum(k is not None for k in self._held))
         return self._lut
 
@@ -205,37 +200,34 @@ class TwinsContext:
             if k is not None and k[0] == fingerprint and k != self.ahead:
                 self._lut[k[1]] = r * self._size
 
-    def _decode_ahead(self, plan: EpochPlan, fingerprint: int, epoch: int, need: np.ndarray, keep: set[_Key]) -> None:
-        """Decode the first pool not held of those needed next (:mod:`loaders.pool_schedule`), the next epoch's
-        first one planned now, as the stream will plan it (unused if it then reads another generation or epoch),
-        into a region whose pool is not needed sooner."""
-        pools, last, span = len(self._lut), int(need[-1]), len(self._held)
-        seq: list[_Key] = []
-        if last >= need[0]:  # (after a batch that wrapped to the epoch's start, the next epoch comes)
-            seq = [(fingerprint, q) for q in range(last + 1, min(pools, last + 1 + span))]
-            seq += [(fingerprint, q) for q in self._wrap(plan, fingerprint) if q < need[0]]
-        target = next((k for k in seq[:span] if k not in self._held), None)
-        if target is None and len(seq) < span:
-            nxt = self._next_plan(epoch)
-            if nxt is None:
-                return
-            plan, self._next_fp = nxt, nxt.fingerprint()
-            target = (self._next_fp, 0)
-        if target is not None and target not in self._held:
-            use = self._uses(fingerprint, need)
-            evicted = use[pick_region(self._held, keep, use)]
-            if evicted < 0 or evicted > self._uses(fingerprint, need, [target])[0]:  # (never one needed sooner)
-                self._submit(plan, target[0], target[1], keep, need)
+    def _needed(self, plan: EpochPlan, epoch: int, b: int, need: np.ndarray) -> list[_Key]:
+        """The pools needed after batch ``b`` (:mod:`loaders.pool_schedule`), soonest first: this epoch's that
+        this consumer's next batches touch, then the next epoch's first one of its first batch, planned now
+        as the stream will plan it (unused if it then reads another generation or epoch)."""
+        s, limit = self._stride, len(self._held)
+        key = (plan.fingerprint(), s, b % s, b >= plan.batches - 1, tuple(need.tolist()), self.stream.generations)
+        if self._order[0] != key:
+            order = [(key[0], q) for q in upcoming_pools(plan, b, s, limit)]
+            nxt = self._next_plan(epoch) if len(order) < limit and self.prefetch else None
+            if nxt is not None:
+                order.append((nxt.fingerprint(), int(batch_pools(nxt, b % s)[0])))
+            self._order = (key, order)
+        return self._order[1]
 
-    def _wrap(self, plan: EpochPlan, fingerprint: int) -> list[int]:
-        if self._wrap_of[0] != fingerprint:
-            self._wrap_of = (fingerprint, wrap_pools(plan))
-        return self._wrap_of[1]
-
-    def _uses(self, fingerprint: int, need: np.ndarray, keys: list[_Key | None] | None = None) -> list[int]:
-        """:func:`loaders.pool_schedule.next_use` of ``keys`` (default: the held pools) after a batch touching ``need``."""
-        wrap = self._wrap_of[1] if self._wrap_of[0] == fingerprint else []
-        return [next_use(k, fingerprint, need, len(self._lut), wrap, self._next_fp) for k in (self._held if keys is None else keys)]
+    def _decode_ahead(self, plan: EpochPlan, keep: set[_Key], order: list[_Key]) -> None:
+        """Decode the first pool of ``order`` not held, into a region whose pool is not needed sooner; a decode
+        that cannot start is left to the batch that needs the pool (which raises its error)."""
+        target = next((k for k in order if k not in self._held), None)
+        src = plan if target is None or target[0] == plan.fingerprint() else self._next[1] if self._next is not None else None
+        if target is None or src is None or src.fingerprint() != target[0]:
+            return
+        use = [next_use(k, order) for k in self._held]
+        evicted = use[pick_region(self._held, keep, use)]
+        if evicted < 0 or evicted > next_use(target, order):  # (never one needed sooner)
+            try:
+                self._submit(src, target[1], keep, order)
+            except Exception:
+                pass
 
     def _next_plan(self, epoch: int) -> EpochPlan | None:
         """The plan of ``epoch + 1``, without taking the place of the stream's one cached plan."""
@@ -267,6 +259,9 @@ class TwinsContext:
         """``regions`` regions of ``size`` graphs (the pools a batch can touch, and one decoded ahead); forgets what
         was held. The buffers (and a decode process) are kept when they are large enough."""
         self._drain()
+        for event in self._copied:  # (copies out of the host regions end before their rows are decoded into again)
+            if event is not None:
+                event.synchronize()
         self._copied = [None] * regions
         self._held, self._size, self._lut_plan = [None] * regions, size, 0
         rows = regions * size
@@ -296,22 +291,22 @@ class TwinsContext:
         """Pool ``q`` is decoded in a region (not being decoded)."""
         return (fingerprint, q) in self._held and self.ahead != (fingerprint, q)
 
-    def _submit(self, plan: EpochPlan, fingerprint: int, q: int, keep: set[_Key], need: np.ndarray) -> None:
-        """Decode pool ``q`` on the decode thread (after the decode under way, one at a time), into a region no
-        pool of ``keep`` (the batch's) is in: ``pool_span + 1`` regions always have one (a batch touches at most
-        ``pool_span`` pools, ``q`` among them or the one after them)."""
+    def _submit(self, plan: EpochPlan, q: int, keep: set[_Key], order: list[_Key]) -> None:
+        """Decode pool ``q`` of ``plan`` in the background (after the decode under way, one at a time), into a
+        region no pool of ``keep`` (the batch's) is in: ``pool_span + 1`` regions always have one (a batch
+        touches at most ``pool_span`` pools). The region holds ``q`` only once its decode is under way (a
+        decode that could not start leaves it empty, never a pool that looks decoded)."""
         self._drain()
-        r = pick_region(self._held, keep, self._uses(self._lut_plan, need))
-        old = self._held[r]
+        r = pick_region(self._held, keep, [next_use(k, order) for k in self._held])
+        old, self._held[r] = self._held[r], None
         if old is not None and old[0] == self._lut_plan:
             self._lut[old[1]] = -1
-        self._held[r] = (fingerprint, q)
-        ids = plan.pool_records(q).copy()
-        self.loads += 1
+        ids, shards = plan.pool_records(q).copy(), self._shard_set()
         zero = [k for k, f in self._fields().items() if f.zero]
         assert self._decoder is not None, "_allocate comes first"
-        done = self._decoder.submit(self._shard_set(), ids, r * self._size, zero, self._copied[r])
-        self._pending = ((fingerprint, q), r, done)
+        done = self._decoder.submit(shards, ids, r * self._size, zero, self._copied[r])
+        self._held[r], self._pending = (plan.fingerprint(), q), ((plan.fingerprint(), q), r, done)
+        self.loads += 1
 
     def _place(self) -> None:
         """Wait for the pool being decoded; on a device, copy its region there."""
@@ -347,9 +342,13 @@ class TwinsContext:
         return self._shards
 
     def _drain(self) -> None:
-        """Finish the decode under way, and place its pool."""
+        """Finish the decode under way, and place its pool; a failed one is only forgotten (its region freed):
+        no batch asked for it yet, so its error is raised when one does (it is decoded again then)."""
         if self._pending is not None:
-            self._place()
+            try:
+                self._place()
+            except Exception:
+                pass
 
     @property
     def ahead(self) -> tuple[int, int] | None:

@@ -154,16 +154,20 @@ def test_after_a_pass_starts_every_pool_a_batch_needs_was_decoded_ahead(causal_c
                 assert ctx.max_held <= plan.pool_span + 1
 
 
-def test_pool_schedule_never_lets_go_of_a_pool_needed_sooner():
-    from loaders.pool_schedule import next_use, pick_region
+def test_pool_schedule_never_lets_go_of_a_pool_needed_sooner(causal_cache):
+    from loaders.pool_schedule import next_use, pick_region, upcoming_pools
 
-    need, fp, nfp, pools, wrap = np.array([2, 3]), 7, 9, 6, [0]
-    uses = [next_use(k, fp, need, pools, wrap, nfp) for k in [(fp, 4), (fp, 0), (nfp, 0), (fp, 1), (5, 0), None]]
-    assert uses[:3] == [1, pools + 1, 2 * pools + 2] and uses[3:] == [-1, -1, -1]  # next, wrap-around, next epoch; free
-    held = [(fp, 4), (fp, 0), (nfp, 0), (fp, 2)]
+    plan = ShardStream(causal_cache, compact="pool", **KW).plan(0)
+    fp, nfp, pools, last = plan.fingerprint(), 9, len(plan.pools) - 1, plan.batches - 1
+    mid = next(b for b in range(plan.batches) if batch_pools(plan, b).tolist() == [1, 2])
+    assert upcoming_pools(plan, mid, 1, 9) == list(range(3, pools)) + [0]  # the next pools, then the wrap-around
+    assert upcoming_pools(plan, last, 1, 9) == []  # after the wrapped batch: this epoch is done
+    order = [(fp, 3), (fp, 0), (nfp, 0)]  # next, wrap-around, next epoch
+    uses = [next_use(k, order) for k in [(fp, 3), (fp, 0), (nfp, 0), (fp, 1), (5, 0), None]]
+    assert uses == [1, 2, 3, -1, -1, -1]  # needed in that order; free
+    held = [(fp, 3), (fp, 0), (nfp, 0), (fp, 2)]
     assert pick_region(held, {(fp, 2)}, uses[:3] + [0]) == 2  # the one needed last
     assert pick_region(held + [(fp, 1)], {(fp, 2)}, uses[:3] + [0, -1]) == 4  # a free one first
-    assert next_use((fp, 0), fp, np.array([5, 0]), pools, wrap, nfp) == -1  # after the wrapped batch: done
 
 
 def test_a_batch_of_another_plan_is_a_one_line_error(causal_cache):
