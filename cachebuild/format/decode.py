@@ -274,7 +274,11 @@ def read_block(shards: ShardSet, ids: np.ndarray, fields: Sequence[str], threads
     # Widest dtypes first: every decoded member keeps the next one aligned for its dtype.
     arr_names = sorted((n for n in fields if n not in json_names), key=lambda n: -np.dtype(shards.manifest.schema(n).dtype).itemsize)
     out: dict[str, FieldBlock] = {}
-    if arr_names:
+    if not len(ids):  # (nothing to decode: zstd is not asked for no frames, which it does not survive)
+        for name in arr_names:
+            schema = shards.manifest.schema(name)
+            out[name] = FieldBlock(name, np.dtype(schema.dtype), np.zeros((0, schema.ndim), np.int64))
+    elif arr_names:
         _array_blocks(shards, ids, s, local, arr_names, threads, out)
     for name in json_names:
         out[name] = FieldBlock(name, None, np.zeros((len(ids), 0), np.int64), values=read_json_values(shards, ids, s, local, name))
