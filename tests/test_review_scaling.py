@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pickle
 import subprocess
@@ -183,6 +184,29 @@ def test_a_failing_source_on_dask_is_its_one_line(tmp_path: Path) -> None:
     res = _cli(["build", "-c", "recipe.toml", "-o", str(tmp_path / "out"), "-q", "--backend", "dask", "-j", "2"], user)
     assert res.returncode == 6, res.stderr
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "raised ValueError: no data for" in res.stderr, res.stderr
+
+
+@pytest.mark.timeout(240)
+def test_the_builds_own_dask_workers_keep_asyncio_quiet(tmp_path: Path) -> None:
+    """A local Dask worker closing on a loaded machine can time out and print asyncio's "Future exception was
+    never retrieved" beside the build's one line (seen in CI): the build's own workers start with asyncio's
+    logger at CRITICAL (each record here stores the level its worker had)."""
+    pytest.importorskip("distributed")
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "mysource_lv.py").write_text(
+        USER_CODE
+        + "\nimport logging\n\ndef lv():\n    return FunctionSource.per_record(_level, {'level': 'int32'})\n\n"
+        + "def _level(rng, index):\n    return {'level': np.array([logging.getLogger('asyncio').getEffectiveLevel()], np.int32)}\n"
+    )
+    (user / "recipe.toml").write_text('kind = "mysource_lv:lv"\nrecords = 40\n[build]\nshard_mb = 0.0001\n')
+    res = _cli(["build", "-c", "recipe.toml", "-o", str(tmp_path / "out"), "-q", "--backend", "dask", "-j", "2"], user)
+    assert res.returncode == 0, res.stderr
+    from loaders import ShardStream
+
+    levels = {int(v) for b in ShardStream(tmp_path / "out", view="records", batch_size=8, shuffle=False) for v in b["level"].flatten().tolist()}
+    assert levels == {logging.CRITICAL}, levels
+    assert "DASK_LOGGING__ASYNCIO" not in os.environ
 
 
 @pytest.mark.timeout(120)

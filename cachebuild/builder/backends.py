@@ -67,9 +67,26 @@ def _dask_client(address: str | None, workers: int) -> Iterator[Any]:
         finally:
             client.close()
         return
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0", silence_logs=logging.ERROR) as cluster:
+    with _quiet_worker_asyncio(), LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0", silence_logs=logging.ERROR) as cluster:
         with Client(cluster, set_as_default=False) as client:
             yield client
+
+
+@contextlib.contextmanager
+def _quiet_worker_asyncio() -> Iterator[None]:
+    """The build's own local Dask workers start with asyncio's logger at CRITICAL (read from the environment
+    when they import dask): a worker closing on a loaded machine can time out flushing its comm and print
+    asyncio's "Future exception was never retrieved ... TimeoutError" to the user's stderr, beside the
+    build's one-line error. A user's own ``DASK_LOGGING__ASYNCIO`` is kept."""
+    key = "DASK_LOGGING__ASYNCIO"
+    if key in os.environ:
+        yield
+        return
+    os.environ[key] = "critical"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
 
 
 class _JobError:
