@@ -28,7 +28,7 @@ FAIL_AT = 150  # in shard 1, half-way: shard 0 is being written on the other wor
 def _slow(rng: np.random.Generator, index: int, flag: str = "") -> dict:
     if index == FAIL_AT and Path(flag).exists():
         raise ValueError(f"record {index} is bad")
-    time.sleep(0.01)
+    time.sleep(0.005)
     return {"x": rng.standard_normal(8).astype(np.float32)}
 
 
