@@ -170,18 +170,22 @@ def test_a_one_worker_cluster_builds_on_the_cluster_not_in_the_caller(tmp_path: 
     assert os.getpid() not in pids and pids == workers, (pids, workers)
 
 
-@pytest.mark.timeout(240)
-def test_a_failing_source_on_dask_is_its_one_line(tmp_path: Path) -> None:
-    """The source's own error, once, with no worker traceback logged on the way."""
+def _dask_build_of(tmp_path: Path, module: str, code: str, recipe: str) -> subprocess.CompletedProcess:
+    """``cachebuild build`` of ``recipe`` on the build's own 2-worker Dask cluster, from a user folder holding
+    ``module`` (``USER_CODE`` + ``code``); the output goes to ``tmp_path / "out"``."""
     pytest.importorskip("distributed")
     user = tmp_path / "user"
     user.mkdir()
-    (user / "mysource_rv.py").write_text(
-        USER_CODE
-        + "\ndef bad():\n    return FunctionSource.per_record(_boom, {'x': 'float32'})\n\ndef _boom(rng, index):\n    if index >= 300:\n        raise ValueError(f'no data for {index}')\n    return {'x': np.zeros(2, np.float32)}\n"
-    )
-    (user / "recipe.toml").write_text('kind = "mysource_rv:bad"\nrecords = 600\n[build]\nshard_mb = 0.001\n')
-    res = _cli(["build", "-c", "recipe.toml", "-o", str(tmp_path / "out"), "-q", "--backend", "dask", "-j", "2"], user)
+    (user / f"{module}.py").write_text(USER_CODE + code)
+    (user / "recipe.toml").write_text(recipe)
+    return _cli(["build", "-c", "recipe.toml", "-o", str(tmp_path / "out"), "-q", "--backend", "dask", "-j", "2"], user)
+
+
+@pytest.mark.timeout(240)
+def test_a_failing_source_on_dask_is_its_one_line(tmp_path: Path) -> None:
+    """The source's own error, once, with no worker traceback logged on the way."""
+    code = "\ndef bad():\n    return FunctionSource.per_record(_boom, {'x': 'float32'})\n\ndef _boom(rng, index):\n    if index >= 300:\n        raise ValueError(f'no data for {index}')\n    return {'x': np.zeros(2, np.float32)}\n"
+    res = _dask_build_of(tmp_path, "mysource_rv", code, 'kind = "mysource_rv:bad"\nrecords = 600\n[build]\nshard_mb = 0.001\n')
     assert res.returncode == 6, res.stderr
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "raised ValueError: no data for" in res.stderr, res.stderr
 
@@ -191,16 +195,9 @@ def test_the_builds_own_dask_workers_keep_asyncio_quiet(tmp_path: Path) -> None:
     """A local Dask worker closing on a loaded machine can time out and print asyncio's "Future exception was
     never retrieved" beside the build's one line (seen in CI): the build's own workers start with asyncio's
     logger at CRITICAL (each record here stores the level its worker had)."""
-    pytest.importorskip("distributed")
-    user = tmp_path / "user"
-    user.mkdir()
-    (user / "mysource_lv.py").write_text(
-        USER_CODE
-        + "\nimport logging\n\ndef lv():\n    return FunctionSource.per_record(_level, {'level': 'int32'})\n\n"
-        + "def _level(rng, index):\n    return {'level': np.array([logging.getLogger('asyncio').getEffectiveLevel()], np.int32)}\n"
-    )
-    (user / "recipe.toml").write_text('kind = "mysource_lv:lv"\nrecords = 40\n[build]\nshard_mb = 0.0001\n')
-    res = _cli(["build", "-c", "recipe.toml", "-o", str(tmp_path / "out"), "-q", "--backend", "dask", "-j", "2"], user)
+    code = "\nimport logging\n\ndef lv():\n    return FunctionSource.per_record(_level, {'level': 'int32'})\n\n"
+    code += "def _level(rng, index):\n    return {'level': np.array([logging.getLogger('asyncio').getEffectiveLevel()], np.int32)}\n"
+    res = _dask_build_of(tmp_path, "mysource_lv", code, 'kind = "mysource_lv:lv"\nrecords = 40\n[build]\nshard_mb = 0.0001\n')
     assert res.returncode == 0, res.stderr
     from loaders import ShardStream
 
