@@ -21,12 +21,12 @@ after ``PROBE_TIMEOUT_S``. A build that stops (a shard failed, Ctrl-C) cancels t
 started and waits for the running ones, which stop between blocks and never publish
 their shard (:func:`_stop_dask_jobs`, :mod:`cachebuild.builder.stop`).
 
-Ray: ``ray.init(address)`` (or a local Ray) and Ray's joblib backend. The build checks the
-address before it touches its output (:mod:`cachebuild.builder.cluster_check`); ``ray.init``
-then runs with Ray's connection retries bounded, so a port that accepts TCP but is no Ray
-fails in about 40 s instead of retrying for many minutes. A build that stops: joblib aborts its
-Ray pool (the pool's actors are killed), so running shards stop where they are and publish
-nothing; their temporary files stay until the next build of the folder removes them.
+Ray: ``ray.init(address)`` (or a local Ray) and one Ray task per shard, not Ray's joblib
+backend (:mod:`cachebuild.builder.ray_jobs` says why). The build checks the address before it
+touches its output (:mod:`cachebuild.builder.cluster_check`); ``ray.init`` then runs with Ray's
+connection retries bounded, so a port that accepts TCP but is no Ray fails in about 40 s instead
+of retrying for many minutes. A build that stops submits no more shards and waits for those
+running (at most ``workers``), which finish and are published whole.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Iterator, Sequence
 
-from cachebuild.builder.cluster_check import ray_connect_env, ray_connects
 from cachebuild.builder.stop import BuildStopped, stop_check
 from cachebuild.errors import ConfigError
 
@@ -194,47 +193,6 @@ def _stop_dask_jobs(client: Any, futures: list[Any], token: str) -> None:
         client.cancel(running)
 
 
-@contextlib.contextmanager
-def _ray_bounded(address: str | None) -> Iterator[None]:
-    """Ray's connection settings of :func:`ray_connect_env` while Ray is imported and connects to a cluster
-    (Ray reads some at import, some in ``ray.init``), the environment as it was afterwards."""
-    settings = ray_connect_env() if ray_connects(address) else {}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for key in settings:
-            os.environ.pop(key, None)
-
-
-def _ray_init(ray: Any, address: str | None) -> None:
-    """``ray.init``; a cluster that accepted the TCP check (:mod:`cluster_check`) but did not answer as Ray is one line."""
-    try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    except ConnectionError as exc:
-        raise ConfigError(f"cannot connect to the Ray cluster at {address or os.environ.get('RAY_ADDRESS') or 'a new local Ray'}: {' '.join(str(exc).split())}") from None
-
-
-@contextlib.contextmanager
-def _ray_session(address: str | None) -> Iterator[None]:
-    with _ray_bounded(address):
-        try:
-            import ray
-            from ray.util.joblib import register_ray
-        except ImportError as exc:
-            raise ConfigError("backend 'ray' needs the ray extra: pip install 'cachebuild[ray]'") from exc
-        started = False
-        if not ray.is_initialized():
-            _ray_init(ray, address)
-            started = True
-    register_ray()
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
-
-
 def _thread_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, n: int) -> Iterator[Any]:
     """``fn(item, *args)`` on ``n`` threads, in completion order; on an error (or the caller's
     interrupt, or the caller leaving early) the jobs not started are cancelled and the running
@@ -266,13 +224,12 @@ def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend:
     if backend == "threading":
         yield from _thread_jobs(fn, items, args, n)
         return
-    jobs = (delayed(fn)(item, *args) for item in items)
     if backend == "dask":
         yield from _dask_jobs(fn, items, args, address, n)
     elif backend == "ray":
-        # Ray's joblib backend cannot stream results: they arrive when all are done.
-        with _ray_session(address), parallel_config(backend="ray", n_jobs=n):
-            yield from Parallel(return_as="list")(jobs)
+        from cachebuild.builder.ray_jobs import ray_jobs
+
+        yield from ray_jobs(fn, items, args, address, min(workers, len(items)) if workers else None)
     else:
         with parallel_config(backend=backend, n_jobs=n):
-            yield from Parallel(return_as="generator_unordered")(jobs)
+            yield from Parallel(return_as="generator_unordered")(delayed(fn)(item, *args) for item in items)

@@ -1,0 +1,142 @@
+"""Run shard jobs as Ray tasks: one task per shard, at most ``workers`` at a time, yielded as they finish.
+
+Why tasks and not Ray's joblib backend (which the build used before):
+
+* Ray's joblib backend runs jobs on a ``ray.util.multiprocessing.Pool`` of actors. In Ray
+  2.60, a process that ran a local Ray, shut it down and then connected to a cluster by
+  address got actors that die before they start ("all references to the actor were
+  removed"), so a second build in the same process (a notebook building a local cache,
+  then one on the cluster) failed with a traceback. Plain tasks run there.
+* Its results arrived only when every shard was done (the progress bar jumped at the end);
+  here each shard's result comes back when it is written.
+* A build that stops (a shard failed, Ctrl-C, a caller that left early) submits nothing more
+  (at most ``workers`` tasks are ever submitted at once, so none waits in Ray's queue) and
+  waits for its running tasks, at most :data:`STOP_WAIT_S` (a second Ctrl-C ends the wait):
+  nothing it started writes after it returns. A running shard finishes and is published
+  whole (the rerun keeps it); one still running after the wait is killed (``force=True``)
+  and publishes nothing. They are not cancelled with Ray's ``KeyboardInterrupt``: in Ray
+  2.60 cancelling a task as it completes crashed the driver ("Tried to complete task that
+  was not pending"), seen once in three interrupted builds.
+
+Each job travels as cloudpickle bytes, as on Dask (``cachebuild.sources`` registers a user's
+module to be pickled by value with the standalone ``cloudpickle``, which Ray's vendored copy
+would not see). A job's exception comes back as a value and is raised here as it was raised
+there (not wrapped in a ``RayTaskError``). The connection (address check, bounded retries,
+``RAY_ADDRESS``) is :mod:`cachebuild.builder.cluster_check`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Any, Callable, Iterator, Sequence
+
+from cachebuild.builder.cluster_check import ray_connect_env, ray_connects
+from cachebuild.errors import ConfigError
+
+__all__ = ["STOP_WAIT_S", "ray_jobs"]
+
+STOP_WAIT_S = 120.0
+"""How long a stopped Ray build waits for its cancelled running tasks to end before killing them."""
+
+
+class _RayJobError:
+    """An exception a job raised, returned as its value (raised again, unwrapped, by the build)."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _run_blob(blob: bytes) -> Any:
+    """Run a job that came as cloudpickle bytes: ``(fn, item, args)`` -> ``fn(item, *args)``."""
+    import pickle
+
+    fn, item, args = pickle.loads(blob)
+    try:
+        return fn(item, *args)
+    except Exception as exc:  # (KeyboardInterrupt, Ray's cancel, is left to Ray)
+        return _RayJobError(exc)
+
+
+@contextlib.contextmanager
+def _connect_settings(address: str | None) -> Iterator[None]:
+    """Ray's connection settings of :func:`ray_connect_env` while Ray is imported and connects to a cluster
+    (Ray reads some at import, some in ``ray.init``), the environment as it was afterwards."""
+    settings = ray_connect_env() if ray_connects(address) else {}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key in settings:
+            os.environ.pop(key, None)
+
+
+@contextlib.contextmanager
+def _ray_session(address: str | None) -> Iterator[Any]:
+    """The ``ray`` module, connected (to ``address``, ``RAY_ADDRESS`` or a new local Ray); a connection
+    this call opened is closed after, one that was already open is left as it was."""
+    with _connect_settings(address):
+        try:
+            import ray
+        except ImportError as exc:
+            raise ConfigError("backend 'ray' needs the ray extra: pip install 'cachebuild[ray]'") from exc
+        started = False
+        if not ray.is_initialized():
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            except ConnectionError as exc:  # a port that accepted the TCP check but did not answer as Ray
+                raise ConfigError(f"cannot connect to the Ray cluster at {address or os.environ.get('RAY_ADDRESS') or 'a new local Ray'}: {' '.join(str(exc).split())}") from None
+            started = True
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def ray_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, address: str | None, workers: int | None) -> Iterator[Any]:
+    """``fn(item, *args)`` for every item as one Ray task each, yielded as they finish; at most ``workers``
+    running (None: as many as the cluster has CPUs)."""
+    import cloudpickle
+
+    with _ray_session(address) as ray:
+        if workers is None:
+            workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        task = ray.remote(num_cpus=1)(_run_blob)
+        blobs = iter([cloudpickle.dumps((fn, item, args)) for item in items])
+        pending: list[Any] = []
+        try:
+            while True:
+                while len(pending) < workers:
+                    blob = next(blobs, None)
+                    if blob is None:
+                        break
+                    pending.append(task.remote(blob))
+                if not pending:
+                    return
+                done, pending = ray.wait(pending, num_returns=1)
+                result = ray.get(done[0])
+                if isinstance(result, _RayJobError):
+                    raise result.exc
+                yield result
+        finally:
+            if pending:  # an error, an interrupt, a caller that left early
+                _stop(ray, pending)
+
+
+def _stop(ray: Any, pending: list[Any]) -> None:
+    """Wait for the build's running tasks to end (see the module's docstring); kill those still running
+    after :data:`STOP_WAIT_S` or at a second interrupt."""
+    why = f"{STOP_WAIT_S:.0f} s after the build stopped"
+    try:
+        _, left = ray.wait(pending, num_returns=len(pending), timeout=STOP_WAIT_S)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
+        left, why = pending, "at a second interrupt"
+    if left:
+        for ref in left:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        warnings.warn(
+            f"{len(left)} shard task(s) still running on Ray {why} were killed; they publish nothing, and their temporary files stay until the next build of this folder", RuntimeWarning, stacklevel=3
+        )
