@@ -1,10 +1,18 @@
-"""The users' SSM teacher as a cachebuild source: random input sequences and the teacher's outputs.
+"""An SSM teacher-student source after the users' sweep: random input sequences and a teacher's outputs.
 
 Each record is one random teacher, a diagonal linear state-space model of rank
 ``rank`` (``x[t+1] = A x[t] + B u[t]``, ``y[t] = C x[t]``), observed on
 ``measurements`` random input sequences of ``length`` steps, plus its impulse
 response (what the users' sweep fits students to). One vectorised call makes a
 whole block of teachers; ``cachebuild build --config ssm.toml`` runs it.
+
+A worked example of a user's own source, not a copy of their distributions: their
+``generator.py`` makes one teacher per (rank, student_dim, seed) with ``A`` on its
+``rank`` diagonal entries ~ N(0.5, 0.1) (zero-padded to dimension 2 at rank 1), ``B``
+and ``C`` fixed (first entry 1, the others ``sqrt((student_dim - 1) / (teacher_dim - 1))``),
+inputs ``[measurements, length, 1]`` ~ N(0, 1) with an impulse ``e1`` appended as the
+last measurement; here ``A`` ~ U(0.5, 0.98) and ``B * C`` ~ N(0, 1 / rank) per mode, many
+teachers per cache, no appended impulse (the impulse response is its own field).
 """
 
 from __future__ import annotations
