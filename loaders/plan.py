@@ -55,8 +55,8 @@ __all__ = [
 ]
 
 DEFAULT_WINDOW = 16
-"""Shards per shuffle window: records mix across this many shards (consecutive
-items share a shard with probability about 1/window)."""
+"""Shards per shuffle window of a remote cache (``window="auto"``): records mix across
+this many shards (consecutive items share a shard with probability about 1/window)."""
 
 # Distinct streams of random numbers, so changing one use never shifts another.
 _TAG_ORDER = 0x6F72646572

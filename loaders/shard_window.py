@@ -1,5 +1,6 @@
 """Which shards each batch of an epoch touches, so a stream opens a shard just before it is needed
-and closes it right after its last batch; and the check of a stream's rank and world size.
+and closes it right after its last batch; the shuffle window a stream plans with; and the check
+of a stream's rank and world size.
 
 Split from :mod:`loaders.stream`: pure functions of the plan, no I/O.
 """
@@ -8,9 +9,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from loaders.plan import EpochPlan
+from loaders.plan import DEFAULT_WINDOW, EpochPlan
 
-__all__ = ["batch_shards", "shard_schedule", "check_rank"]
+__all__ = ["AUTO_WINDOW", "batch_shards", "shard_schedule", "check_rank", "resolve_window"]
+
+
+AUTO_WINDOW = "auto"
+"""A stream's default ``window``: see :func:`resolve_window`."""
+
+
+def resolve_window(window: int | str | None, remote: bool) -> int | None:
+    """The shuffle window a stream plans with (shards per window, None: one window, a full shuffle).
+
+    ``"auto"`` (the default) is a full shuffle for a cache on this machine: the users' samplers
+    draw one permutation of every record, and a cache whose records are sorted (the users' HDF5
+    files and WAV folders hold one label, then the next) would otherwise give each window, and
+    so each batch, the label share of the few shards it drew (DECISIONS, thirteenth session).
+    For a remote cache it is :data:`DEFAULT_WINDOW` shards, so each process fetches and keeps a
+    few shards at a time; pass ``window=None`` there for a full shuffle (every shard fetched
+    throughout the epoch)."""
+    if isinstance(window, str) and window == AUTO_WINDOW:
+        return DEFAULT_WINDOW if remote else None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1):
+        raise ValueError(f"window must be >= 1 shards, None (a full shuffle) or 'auto', got {window!r}")
+    return None if window is None else int(window)
 
 
 def batch_shards(plan: EpochPlan, ids: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:

@@ -102,8 +102,12 @@ def make_state(epoch: int, position: int, cfg: PlanConfig, fingerprint: str, wor
     }
 
 
-def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str) -> tuple[int, int]:
-    """``(epoch, position)`` of a state saved by a stream of the same cache and plan; a clear error otherwise."""
+def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str, shards: int | None = None) -> tuple[int, int]:
+    """``(epoch, position)`` of a state saved by a stream of the same cache and plan; a clear error otherwise.
+
+    ``shards``: the most shards a window spans here; a window of at least that many is one window, the
+    same plan as ``None`` (a state saved with ``window=16``, the default before ``"auto"``, on a local
+    cache of at most 16 shards resumes under the new default)."""
     if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"not a cachebuild loader state (format={state.get('format') if isinstance(state, Mapping) else type(state).__name__!r})")
     if state.get("version") != STATE_VERSION:
@@ -114,7 +118,7 @@ def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str) -> 
         raise CacheMismatchError(f"loader state has seed {state.get('seed')!r}, this stream has seed {cfg.seed}")
     mine = cfg.identity()
     theirs = state.get("plan", {})
-    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k) and not (k == "window" and _one_window(mine.get(k), shards) == _one_window(theirs.get(k), shards)))
     if diff:
         detail = ", ".join(f"{k}: saved {theirs.get(k)!r}, now {mine.get(k)!r}" for k in diff)
         raise CacheMismatchError(f"loader state was saved with another plan ({detail})")
@@ -122,6 +126,11 @@ def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str) -> 
     if not isinstance(epoch, int) or not isinstance(position, int) or epoch < 0 or position < 0:
         raise ValueError(f"loader state has an invalid epoch/position: {epoch!r}/{position!r}")
     return epoch, position
+
+
+def _one_window(window: Any, shards: int | None) -> Any:
+    """``window`` as planned: None when it spans every one of ``shards`` shards."""
+    return None if shards is not None and isinstance(window, int) and not isinstance(window, bool) and window >= shards else window
 
 
 def make_worker_state(state: dict[str, Any], worker: int, num_workers: int, rank: int, yielded: int) -> dict[str, Any]:

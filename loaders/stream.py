@@ -42,14 +42,14 @@ from loaders.generations import open_newest
 from loaders.mixgrow import load_generations, refresh_generations, stream_generations, use_generations
 from loaders.mixture import Mixture, OpenMixture, mixture_root, open_mixture, refuse_single_cache_options
 from loaders.passes import Control, Progress
-from loaders.plan import DEFAULT_WINDOW, EpochPlan, epoch_order
+from loaders.plan import EpochPlan, epoch_order
 from loaders.remote import RemoteOptions, fetch_manifest, is_remote
 from loaders.shards import RemoteFiles
 from loaders.shared_pools import SharedPools
 from loaders.slots import SlotRings
 from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state
 from loaders.views import make_view
-from loaders.shard_window import batch_shards, check_rank, shard_schedule
+from loaders.shard_window import AUTO_WINDOW, batch_shards, check_rank, resolve_window, shard_schedule
 from loaders.world import World, detect_ranks, worker_part
 
 __all__ = ["ShardStream"]
@@ -72,7 +72,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         batch_size: rows per batch (graphs, twin rows, records).
         shuffle: shuffle shard order, records within windows, and rows within batches.
         seed: seed of every shuffle (with the epoch); never a pid or the clock.
-        window: shards per shuffle window (``None``: one window, a full shuffle).
+        window: shards per shuffle window (``None``: one window, a full shuffle); ``"auto"``
+            (default): a full shuffle for a local cache, 16 shards for a remote one.
         drop_last: drop the epoch's remainder instead of padding it with flagged repeats.
         rank, world_size: override what ``torch.distributed`` says.
         remote: how to read a remote ``root`` (local cache folder and its size limit,
@@ -99,7 +100,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         *,
         shuffle: bool = True,
         seed: int = 0,
-        window: int | None = DEFAULT_WINDOW,
+        window: int | str | None = AUTO_WINDOW,
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
@@ -114,9 +115,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
                 raise ValueError(f"{name} must be a whole number, got {value!r}")
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
-        if window is not None and window < 1:
-            raise ValueError(f"window must be >= 1 shards or None, got {window}")
         self._open_root(mixture_root(root, view_options), remote)  # ShardStream([a, b], weights=...): a Mixture
+        window = resolve_window(window, remote=any(map(is_remote, self.mixture.roots)) if self.mixture is not None else self.remote is not None)
         self.generation = generation_of(self.manifest)  # one cache's; a mixture's caches: self.generations
         self._view_options = dict(view_options)
         self._warned_generations: set[int] = set()
@@ -252,7 +252,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         pass continues its own share of the batches.
         """
         load_generations(self, state)  # the saved generations' shard lists, even when newer ones exist
-        epoch, position = check_state(state, self.config, self.fingerprint)
+        epoch, position = check_state(state, self.config, self.fingerprint, max(map(len, self.mixture.shard_counts)) if self.mixture is not None else len(self._counts))
         if get_worker_info() is not None:
             w = state["worker"] if isinstance(state.get("worker"), Mapping) else {}
             self._worker_load = (epoch, position, check_worker_state(state, *worker_part()), w.get("rank"), state.get("world_size"))

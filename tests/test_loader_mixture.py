@@ -17,7 +17,7 @@ from cachebuild.errors import CacheMismatchError, ConfigError
 from loader_fixtures import padded
 from loaders import Mixture, ShardStream, Stage, make_loader
 from loaders.mixplan import cache_draws, mixture_order
-from loaders.plan import epoch_order
+from loaders.plan import DEFAULT_WINDOW, epoch_order
 from loaders.schedule import check_schedule, draws_before, epoch_counts, stage_at, stage_counts
 from mixture_fixtures import LEVELS, batch_ids, build_level, levels, union_reference  # noqa: F401
 
@@ -371,5 +371,5 @@ def test_a_remote_cache_mixes_with_a_local_one(levels, tmp_path):
         m = Mixture({"small": levels["small"], "mid": url})
         s = ShardStream(m, view="graphs", batch_size=16, seed=1, remote=RemoteOptions(cache_dir=str(tmp_path / "fetched")))
         ids = _real(_epoch_rows(s, 0))
-        local = _real(_epoch_rows(ShardStream({"small": levels["small"], "mid": levels["mid"]}, view="graphs", batch_size=16, seed=1), 0))
+        local = _real(_epoch_rows(ShardStream({"small": levels["small"], "mid": levels["mid"]}, view="graphs", batch_size=16, seed=1, window=DEFAULT_WINDOW), 0))  # a remote cache's default window
     assert ids == local and sorted(ids) == list(range(140))

@@ -7,15 +7,15 @@ HDF5 files it writes hold all files of one label, then all of the next; ``--from
 ``StatefulSampler``) draws one permutation of *all* segment indices per epoch, so every
 batch has the file-level label share up to binomial noise.
 
-Our plan shuffles records within windows of 16 shards (``window=16``, the default). A
-cache of at most 16 shards is one window, a full shuffle (pinned below: the order equals
+A plan that shuffles records within windows of 16 shards (``window=16``: the default
+before the thirteenth session, and still the default for a remote cache) is, for a cache of
+at most 16 shards, one window, a full shuffle (pinned below: the order equals
 ``window=None``). Beyond 16 shards, a window holds only the records of its shards, and on a
 label-sorted cache its label share is that of the shards it drew: measured on a 31-shard
 cache of 6,000 files (45% LEAK) at B=8,192, the per-batch LEAK share had sd 0.088 (0.27 to
-0.61) with the default, 0.0115 with ``window=None`` and 0.0052 with their sampler. That is
-recorded in docs/DECISIONS.md (thirteenth session) as an open trade-off (windows keep remote
-reading local); here the remedy the docs name (``window=None``) is pinned on such a cache.
-Every other mixing test builds caches with i.i.d. labels, where windows cannot show this.
+0.61) with ``window=16``, 0.0115 with ``window=None`` and 0.0052 with their sampler. So the
+default (``window="auto"``) is now a full shuffle for a local cache (docs/DECISIONS.md,
+thirteenth session), pinned here on such a cache. Every other mixing test builds caches with i.i.d. labels, where windows cannot show this.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import pytest
 
 from loaders import ShardStream
 from loaders.plan import DEFAULT_WINDOW, epoch_order
+from loaders.shard_window import resolve_window
 
 FILES = 2048
 LEAK_SHARE = 0.45
@@ -69,7 +70,7 @@ def sorted_cache(tmp_path_factory) -> Path:
     return out
 
 
-def _leak_shares(cache: Path, window: int | None, epochs: int = 3) -> np.ndarray:
+def _leak_shares(cache: Path, window: int | str | None, epochs: int = 3) -> np.ndarray:
     shares = []
     for epoch in range(epochs):
         for b in ShardStream(str(cache), view="mel", batch_size=BATCH, shuffle=True, seed=epoch, window=window, drop_last=True):
@@ -93,9 +94,65 @@ def test_sorted_cache_has_more_shards_than_a_window(sorted_cache: Path) -> None:
     assert len(manifest["shards"]) > DEFAULT_WINDOW
 
 
-def test_full_shuffle_mixes_labels_of_a_sorted_cache_like_their_sampler(sorted_cache: Path) -> None:
-    ours, theirs = _leak_shares(sorted_cache, None), _their_shares()
+def test_the_default_window_is_a_full_shuffle_for_a_local_cache(sorted_cache: Path) -> None:
+    assert ShardStream(str(sorted_cache), view="mel", batch_size=BATCH).config.window is None
+    assert ShardStream(str(sorted_cache), view="mel", batch_size=BATCH, window=4).config.window == 4
+    assert resolve_window("auto", remote=True) == DEFAULT_WINDOW and resolve_window(None, remote=True) is None
+    for bad in (0, -1, 2.5, True, "full"):
+        with pytest.raises(ValueError, match="window must be >= 1 shards, None"):
+            ShardStream(str(sorted_cache), view="mel", batch_size=BATCH, window=bad)
+
+
+def test_a_remote_cache_keeps_16_shard_windows_by_default(sorted_cache: Path) -> None:
+    from remote_fixtures import serve_folder
+
+    with serve_folder(sorted_cache) as (url, _):
+        assert ShardStream(url, view="mel", batch_size=BATCH).config.window == DEFAULT_WINDOW
+        assert ShardStream(url, view="mel", batch_size=BATCH, window=None).config.window is None
+
+
+def test_windows_of_16_shards_do_not_mix_a_sorted_cache(sorted_cache: Path) -> None:
+    """Why the local default is a full shuffle: with ``window=16`` batches carry their shards' label share."""
+    windowed, theirs = _leak_shares(sorted_cache, DEFAULT_WINDOW, epochs=2), _their_shares(epochs=2)
+    assert windowed.std() > 3 * theirs.std(), (windowed.std(), theirs.std())
+
+
+@pytest.mark.parametrize("window", ["auto", None])
+def test_full_shuffle_mixes_labels_of_a_sorted_cache_like_their_sampler(sorted_cache: Path, window: str | None) -> None:
+    ours, theirs = _leak_shares(sorted_cache, window), _their_shares()
     assert abs(ours.mean() - LEAK_SHARE) < 0.01
     # pools of 1,024 of the 2,048 files add their own sampling noise (sd ~0.011): about 1.4x theirs
     assert ours.std() < 2.0 * theirs.std(), (ours.std(), theirs.std())
     assert ours.min() > LEAK_SHARE - 0.08 and ours.max() < LEAK_SHARE + 0.08
+
+
+def _ids(batch: dict) -> list:
+    return batch["record_id"].tolist() if "record_id" in batch else (batch["file_id"] * 10_000 + batch["long_index"] * 100 + batch["short_index"]).tolist()
+
+
+def _state_after(stream: ShardStream, batches: int) -> tuple[dict, list]:
+    it = iter(stream)
+    for _ in range(batches):
+        next(it)
+    return stream.state_dict(), [_ids(b) for b in it]
+
+
+def test_a_state_saved_with_16_shard_windows_resumes_on_a_small_cache_under_the_new_default(toy_cache: Path) -> None:
+    """Caches of at most 16 shards plan the same order with ``window=16`` (the old default) and ``None``."""
+    assert len(json.loads((toy_cache / "manifest.json").read_text())["shards"]) <= DEFAULT_WINDOW
+    state, rest = _state_after(ShardStream(str(toy_cache), batch_size=16, window=DEFAULT_WINDOW), 5)
+    assert state["plan"]["window"] == DEFAULT_WINDOW
+    resumed = ShardStream(str(toy_cache), batch_size=16)
+    resumed.load_state_dict(state)
+    assert [_ids(b) for b in resumed] == rest
+
+
+def test_a_state_saved_with_16_shard_windows_on_a_larger_cache_names_the_window(sorted_cache: Path) -> None:
+    from cachebuild.errors import CacheMismatchError
+
+    state, rest = _state_after(ShardStream(str(sorted_cache), view="mel", batch_size=BATCH, window=DEFAULT_WINDOW), 2)
+    with pytest.raises(CacheMismatchError, match=r"another plan \(window: saved 16, now None\)"):
+        ShardStream(str(sorted_cache), view="mel", batch_size=BATCH).load_state_dict(state)
+    again = ShardStream(str(sorted_cache), view="mel", batch_size=BATCH, window=DEFAULT_WINDOW)
+    again.load_state_dict(state)
+    assert [_ids(b) for b in again] == rest
