@@ -38,7 +38,7 @@ demo: venv
 	$(BIN)/cachebuild inspect cache/demo
 
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 lint: venv
 	$(BIN)/ruff check cachebuild loaders tests benchmarks examples

@@ -83,35 +83,48 @@ def _nothing_after_return(out: Path) -> None:
     assert _files(out) == files
 
 
-def _same_as_a_clean_build(user: Path, out: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def clean_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The recipe's flag file (absent: no record fails) and the files of a build of the recipe that never
+    stopped (threads, in this machine's processes); every test's recipe names the same flag."""
+    home = tmp_path_factory.mktemp("clean")
+    flag = home / "fail"
+    user = _user(home, flag)
+    clean = subprocess.run(_cli(user, home / "out", "threading"), cwd=user, env=_env(), capture_output=True, text=True, timeout=240)
+    assert clean.returncode == 0, clean.stderr[-4000:]
+    return flag, _files(home / "out")
+
+
+def _same_as_a_clean_build(user: Path, out: Path, clean: dict[str, str]) -> None:
     """The rerun on Ray finishes the cache, keeping what the stopped build published; every byte equals a
     build that never stopped."""
     kept = {n for n in _files(out) if n.endswith(".done.json")}
     assert kept, "the stopped build published no shard: the test did not stop it mid-build"
     res = subprocess.run(_cli(user, out, "ray"), cwd=user, env=_env(), capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-4000:]
-    clean = subprocess.run(_cli(user, user.parent / "clean", "threading"), cwd=user, env=_env(), capture_output=True, text=True, timeout=240)
-    assert clean.returncode == 0, clean.stderr[-4000:]
-    assert _files(out) == _files(user.parent / "clean")
+    assert _files(out) == clean
 
 
 @pytest.mark.timeout(300)
-def test_a_failed_shard_stops_the_ray_tasks(tmp_path: Path) -> None:
-    flag = tmp_path / "fail"
-    flag.touch()
+def test_a_failed_shard_stops_the_ray_tasks(tmp_path: Path, clean_build: tuple[Path, dict[str, str]]) -> None:
+    flag, clean = clean_build
     user, out = _user(tmp_path, flag), tmp_path / "out"
-    res = subprocess.run(_cli(user, out, "ray"), cwd=user, env=_env(), capture_output=True, text=True, timeout=240)
+    flag.touch()
+    try:
+        res = subprocess.run(_cli(user, out, "ray"), cwd=user, env=_env(), capture_output=True, text=True, timeout=240)
+    finally:
+        flag.unlink()
     assert res.returncode == EXIT_SOURCE, res.stderr[-4000:]
     last = res.stderr.strip().splitlines()[-1]
     assert "record 150 raised ValueError: record 150 is bad" in last and "Traceback" not in res.stderr, res.stderr[-4000:]
     _nothing_after_return(out)
-    flag.unlink()
-    _same_as_a_clean_build(user, out, tmp_path)
+    _same_as_a_clean_build(user, out, clean)
 
 
 @pytest.mark.timeout(300)
-def test_ctrl_c_stops_the_ray_tasks(tmp_path: Path) -> None:
-    user, out = _user(tmp_path, tmp_path / "never"), tmp_path / "out"
+def test_ctrl_c_stops_the_ray_tasks(tmp_path: Path, clean_build: tuple[Path, dict[str, str]]) -> None:
+    flag, clean = clean_build
+    user, out = _user(tmp_path, flag), tmp_path / "out"
     proc = subprocess.Popen(_cli(user, out, "ray"), cwd=user, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -128,7 +141,7 @@ def test_ctrl_c_stops_the_ray_tasks(tmp_path: Path) -> None:
     assert proc.returncode == EXIT_INTERRUPTED, err[-4000:]
     assert "interrupted: rerun the same command to resume" in err, err[-4000:]
     _nothing_after_return(out)
-    _same_as_a_clean_build(user, out, tmp_path)
+    _same_as_a_clean_build(user, out, clean)
 
 
 @pytest.mark.timeout(180)
