@@ -35,6 +35,8 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_MIX",
+    "POOL_BYTES",
+    "auto_mix",
     "pool_bounds",
     "chunk_lengths",
     "PoolTable",
@@ -47,7 +49,18 @@ __all__ = [
 ]
 
 DEFAULT_MIX = 1024
-"""Records per mixing pool of the many-item views (``mel``, ``twins``); see the module docstring."""
+"""Records per mixing pool of the ``twins`` view, and the least of the ``mel`` view's; see the module docstring."""
+
+POOL_BYTES = 64 << 20
+"""Decoded bytes a ``mel`` pool may hold at ``mix="auto"`` (:func:`auto_mix`)."""
+
+
+def auto_mix(record_bytes: int, budget: int = POOL_BYTES) -> int:
+    """Records per pool for ``mix="auto"``: as many decoded records as ``budget`` bytes hold, at least
+    :data:`DEFAULT_MIX`. At the users' mel layout (10 KB a file) that is 6,553 files: a cache of their
+    size (~6,000 files) is one pool, so a batch draws its segments from every file, as their i.i.d.
+    sampler does (a batch of 8,192 segments: ~5,800 files, where pools of 1,024 files gave 1,024)."""
+    return max(DEFAULT_MIX, int(budget) // max(1, int(record_bytes)))
 
 
 def pool_bounds(records: int, mix: int) -> np.ndarray:

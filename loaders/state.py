@@ -102,12 +102,15 @@ def make_state(epoch: int, position: int, cfg: PlanConfig, fingerprint: str, wor
     }
 
 
-def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str, shards: int | None = None) -> tuple[int, int]:
+def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str, shards: int | None = None, records: int | None = None) -> tuple[int, int]:
     """``(epoch, position)`` of a state saved by a stream of the same cache and plan; a clear error otherwise.
 
-    ``shards``: the most shards a window spans here; a window of at least that many is one window, the
-    same plan as ``None`` (a state saved with ``window=16``, the default before ``"auto"``, on a local
-    cache of at most 16 shards resumes under the new default)."""
+    Settings that plan the same batches count as equal, so a state saved before a default changed
+    resumes under the new one where nothing differs: ``shards`` (the most shards a window spans here):
+    a window of at least that many is one window, as ``None`` (``window=16``, the default before
+    ``"auto"``, on a local cache of at most 16 shards); ``records``: a mixing pool (``mix``) of at least
+    that many records is one pool (``mix=1024``, the ``mel`` default before ``"auto"``, on a cache of
+    at most 1,024 files; not with ``oversample``, whose epoch holds more positions than records)."""
     if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"not a cachebuild loader state (format={state.get('format') if isinstance(state, Mapping) else type(state).__name__!r})")
     if state.get("version") != STATE_VERSION:
@@ -118,7 +121,8 @@ def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str, sha
         raise CacheMismatchError(f"loader state has seed {state.get('seed')!r}, this stream has seed {cfg.seed}")
     mine = cfg.identity()
     theirs = state.get("plan", {})
-    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k) and not (k == "window" and _one_window(mine.get(k), shards) == _one_window(theirs.get(k), shards)))
+    same = {"window": lambda v: _one_window(v, shards), "view_options": lambda v: _one_pool(v, records)}
+    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k) and not (k in same and same[k](mine.get(k)) == same[k](theirs.get(k))))
     if diff:
         detail = ", ".join(f"{k}: saved {theirs.get(k)!r}, now {mine.get(k)!r}" for k in diff)
         raise CacheMismatchError(f"loader state was saved with another plan ({detail})")
@@ -131,6 +135,14 @@ def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str, sha
 def _one_window(window: Any, shards: int | None) -> Any:
     """``window`` as planned: None when it spans every one of ``shards`` shards."""
     return None if shards is not None and isinstance(window, int) and not isinstance(window, bool) and window >= shards else window
+
+
+def _one_pool(options: Any, records: int | None) -> Any:
+    """A view's options as planned: ``mix`` of at least ``records`` (one pool) as ``"one pool"``."""
+    if records is None or not isinstance(options, dict) or "oversample" in options:
+        return options
+    mix = options.get("mix")
+    return {**options, "mix": "one pool"} if isinstance(mix, int) and not isinstance(mix, bool) and mix >= records else options
 
 
 def make_worker_state(state: dict[str, Any], worker: int, num_workers: int, rank: int, yielded: int) -> dict[str, Any]:

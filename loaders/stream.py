@@ -252,7 +252,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         pass continues its own share of the batches.
         """
         load_generations(self, state)  # the saved generations' shard lists, even when newer ones exist
-        epoch, position = check_state(state, self.config, self.fingerprint, max(map(len, self.mixture.shard_counts)) if self.mixture is not None else len(self._counts))
+        shards = max(map(len, self.mixture.shard_counts)) if self.mixture is not None else len(self._counts)
+        epoch, position = check_state(state, self.config, self.fingerprint, shards, self.manifest.records if self.mixture is None else None)  # (a mixture's epoch: its weights')
         if get_worker_info() is not None:
             w = state["worker"] if isinstance(state.get("worker"), Mapping) else {}
             self._worker_load = (epoch, position, check_worker_state(state, *worker_part()), w.get("rank"), state.get("world_size"))

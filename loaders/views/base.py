@@ -93,7 +93,7 @@ class View:
         self.assemble(shards, plan.batch(b), out)
 
 
-def check_mixing(view: str, mix: int | None, chunk: int) -> tuple[int | None, int]:
+def check_mixing(view: str, mix: Any, chunk: Any) -> tuple[int | None, int]:
     """Validated ``(mix, chunk)`` options of a many-item view."""
     if mix is not None and (isinstance(mix, bool) or not isinstance(mix, (int, np.integer)) or mix < 1):
         raise ValueError(f"view {view!r}: mix must be >= 1 records per pool or None (record after record), got {mix!r}")

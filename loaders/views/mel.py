@@ -8,12 +8,15 @@ defaults are 40 x 2 x 64 x 1, float16) and ``label`` (int16, 0-d).
     The plan works on files (each yields ``L*S`` items, known from the index
     shapes without decoding) and mixes segments across files the way an
     i.i.d. sampler does: the epoch's file order is cut into pools of ``mix``
-    files (default 1,024) whose segments are permuted together
-    (:mod:`loaders.pools`), so a batch of 1,024 segments spans about 650
-    files (``mix=4096``: about 900; ``mix=None``: consecutive segments, ~13
-    files). Each process keeps the files of the current pool decoded
-    (:mod:`loaders.views.store`: ``mix`` x 10 KB per file at the defaults,
-    x2 at a pool boundary) and decodes each file once per epoch; rows are
+    files whose segments are permuted together (:mod:`loaders.pools`). The
+    default ``mix="auto"`` holds 64 MB of decoded files per pool, at least
+    1,024 (:func:`loaders.pools.auto_mix`: 6,553 files at the users' 10 KB
+    layout, so a cache of their size is one pool and a batch of 8,192
+    segments spans ~5,800 files, as their sampler's do); ``mix=1024``: a
+    batch of 1,024 segments spans about 650 files (``mix=None``: consecutive
+    segments, ~13 files). Each process keeps the files of the current pool
+    decoded (:mod:`loaders.views.store`: up to 64 MB at the default, x2 at a
+    pool boundary) and decodes each file once per epoch; rows are
     filled by index arithmetic (one ``np.take`` per key, no per-segment
     Python). ``chunk`` keeps that many consecutive segments of a file
     together (default 1). ``oversample={"LEAK": 2}`` reads each file of
@@ -80,7 +83,7 @@ from cachebuild.format.decode import read_block
 from loaders.plan import BatchItems
 from cachebuild.format.reader import ShardSet
 from loaders.oversample import block_labels, parse_oversample, record_repeats
-from loaders.pools import DEFAULT_MIX, max_records_per_batch
+from loaders.pools import auto_mix, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, copy_repeats, pad_mask, require_fields
 from loaders.views.store import Dense, RecordStore
 
@@ -122,9 +125,21 @@ class MelView(_MelBase):
     name = "mel"
 
     def __init__(
-        self, manifest: Manifest, batch_size: int, dtype: str | None = None, waveform: bool = False, mix: int | None = DEFAULT_MIX, chunk: int = 1, oversample: Mapping[Any, int] | None = None
+        self,
+        manifest: Manifest,
+        batch_size: int,
+        dtype: str | None = None,
+        waveform: bool = False,
+        mix: int | str | None = "auto",
+        chunk: int = 1,
+        oversample: Mapping[Any, int] | None = None,
     ):
         super().__init__(manifest, batch_size, dtype, waveform)
+        if isinstance(mix, str) and mix != "auto":
+            raise ValueError(f"view {self.name!r}: mix must be >= 1 files per pool, None (file after file) or 'auto', got {mix!r}")
+        if isinstance(mix, str):  # "auto": pools of POOL_BYTES of decoded files (at least DEFAULT_MIX files)
+            per_file = int(np.prod(self.max_shape)) * np.dtype(self.dtype).itemsize + (int(np.prod(self.max_shape[:2])) * self.wave_len * 4 if waveform else 0)
+            mix = auto_mix(per_file)
         self.mix, self.chunk = check_mixing(self.name, mix, chunk)
         self.oversample = parse_oversample(oversample, manifest, self.name)  # (label id, reads per epoch); see loaders.oversample
         self._repeats: tuple[int, np.ndarray] | None = None
