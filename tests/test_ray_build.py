@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXIT_SOURCE, EXIT_INTERRUPTED = 6, 130
 
 USER_CODE = """
+import os
 import time
 from pathlib import Path
 
@@ -41,6 +42,16 @@ def _slow(rng, index, flag=""):
 
 def make(flag=""):
     return FunctionSource.per_record(_slow, {"x": "float32"}, params={"flag": flag}, block_records=10)
+
+
+def _dies(rng, index):
+    if index == 300:
+        os._exit(3)  # the worker process dies (as killed by the OOM killer or a lost node)
+    return {"x": np.zeros(2, np.float32)}
+
+
+def dies():
+    return FunctionSource.per_record(_dies, {"x": "float32"})
 
 
 def job(item, gate):
@@ -164,3 +175,14 @@ def test_ray_results_arrive_as_shards_finish(tmp_path: Path, monkeypatch: pytest
         gate.touch()
     took = time.monotonic() - t0
     assert got == [0, 1] and took < 45, (got, took)
+
+
+@pytest.mark.timeout(240)
+def test_a_ray_worker_that_dies_is_one_line_naming_the_shard(tmp_path: Path) -> None:
+    user = _user(tmp_path, tmp_path / "never")
+    (user / "recipe.toml").write_text('kind = "rayuser:dies"\nrecords = 600\n[build]\nshard_mb = 0.001\n')
+    res = subprocess.run(_cli(user, tmp_path / "out", "ray"), cwd=user, env=_env(), capture_output=True, text=True, timeout=200)
+    assert res.returncode == 1, res.stderr[-4000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the Ray task building shard-") and "(rerun the same command to resume)" in last, res.stderr[-4000:]
+    assert "Traceback" not in res.stderr, res.stderr[-4000:]

@@ -33,12 +33,15 @@ import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 from cachebuild.builder.cluster_check import ray_connect_env, ray_connects
-from cachebuild.errors import ConfigError
+from cachebuild.errors import CacheBuildError, ConfigError
 
-__all__ = ["STOP_WAIT_S", "ray_jobs"]
+__all__ = ["MAX_RETRIES", "STOP_WAIT_S", "ray_jobs"]
 
 STOP_WAIT_S = 120.0
-"""How long a stopped Ray build waits for its cancelled running tasks to end before killing them."""
+"""How long a stopped Ray build waits for its running tasks to end before killing them."""
+MAX_RETRIES = 1
+"""Ray's retries of a shard task whose process or node died (a shard is rebuilt from scratch: idempotent);
+a task that dies again fails the build in one line."""
 
 
 class _RayJobError:
@@ -103,20 +106,28 @@ def ray_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, address:
     with _ray_session(address) as ray:
         if workers is None:
             workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        task = ray.remote(num_cpus=1)(_run_blob)
-        blobs = iter([cloudpickle.dumps((fn, item, args)) for item in items])
+        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_run_blob)
+        jobs = iter([(item, cloudpickle.dumps((fn, item, args))) for item in items])
         pending: list[Any] = []
+        item_of: dict[Any, Any] = {}
         try:
             while True:
                 while len(pending) < workers:
-                    blob = next(blobs, None)
-                    if blob is None:
+                    job = next(jobs, None)
+                    if job is None:
                         break
-                    pending.append(task.remote(blob))
+                    ref = task.remote(job[1])
+                    pending.append(ref)
+                    item_of[ref] = job[0]
                 if not pending:
                     return
                 done, pending = ray.wait(pending, num_returns=1)
-                result = ray.get(done[0])
+                try:
+                    result = ray.get(done[0])
+                except ray.exceptions.RayError as exc:  # the task's process or node died (its own exceptions come back as values)
+                    name = getattr(item_of[done[0]], "name", repr(item_of[done[0]]))
+                    first = (str(exc).strip().splitlines() or [""])[0]
+                    raise CacheBuildError(f"the Ray task building {name} failed: {type(exc).__name__}: {first} (rerun the same command to resume)") from None
                 if isinstance(result, _RayJobError):
                     raise result.exc
                 yield result
