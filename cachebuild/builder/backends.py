@@ -34,13 +34,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable, Iterator, Sequence
 
 from cachebuild.builder.stop import BuildStopped, stop_check
-from cachebuild.errors import ConfigError
+from cachebuild.errors import CacheBuildError, ConfigError
 
 __all__ = ["BACKENDS", "run_jobs"]
 
@@ -66,7 +67,7 @@ def _dask_client(address: str | None, workers: int) -> Iterator[Any]:
         finally:
             client.close()
         return
-    with _quiet_worker_asyncio(), LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0", silence_logs=logging.ERROR) as cluster:
+    with _quiet_worker_asyncio(), LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster:
         with Client(cluster, set_as_default=False) as client:
             yield client
 
@@ -146,14 +147,22 @@ def _dask_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, addres
     """``fn(item, *args)`` for every item as one Dask task each, yielded as they finish."""
     import cloudpickle
     from distributed import as_completed
+    from distributed.scheduler import KilledWorker
 
     with _dask_client(address, workers) as client:
         _probe_dask_workers(client, cloudpickle.dumps((fn, items[0], args)), address)
         token = f"cachebuild-build-{uuid.uuid4().hex}"
         futures = [client.submit(_run_pickled, cloudpickle.dumps((fn, item, args)), token, pure=False) for item in items]
         try:
+            item_of = {f.key: item for f, item in zip(futures, items)}
             for future in as_completed(futures, loop=client.loop):
-                result = future.result()
+                try:
+                    result = future.result()
+                except KilledWorker as exc:  # every worker that ran it died (memory, a crash in native code)
+                    name = getattr(item_of[future.key], "name", "a shard")
+                    raise CacheBuildError(
+                        f"the Dask task building {name} killed every worker that ran it ({' '.join(str(exc).split()[:12])} ...): out of memory, or a crash in native code? (rerun the same command to resume)"
+                    ) from None
                 if isinstance(result, _JobError):
                     raise result.exc
                 yield result
@@ -231,5 +240,13 @@ def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend:
 
         yield from ray_jobs(fn, items, args, address, min(workers, len(items)) if workers else None)
     else:
-        with parallel_config(backend=backend, n_jobs=n):
-            yield from Parallel(return_as="generator_unordered")(delayed(fn)(item, *args) for item in items)
+        from joblib.externals.loky.process_executor import TerminatedWorkerError
+
+        try:
+            with parallel_config(backend=backend, n_jobs=n):
+                yield from Parallel(return_as="generator_unordered")(delayed(fn)(item, *args) for item in items)
+        except TerminatedWorkerError as exc:  # a worker process died (the OS killed it for memory, a crash in native code)
+            codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(exc))
+            raise CacheBuildError(
+                f"a build worker process died while writing shards (exit codes {codes.group(1) if codes else 'unknown'}): out of memory (try fewer --workers), or a crash in native code; rerun the same command to resume"
+            ) from None
