@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from loaders import ShardStream, make_loader
+from conftest import build_toy
+from loaders import Mixture, ShardStream, make_loader
 
 
 @pytest.mark.parametrize("name", ["shuffle", "drop_last"])
@@ -53,3 +54,19 @@ def test_numpy_numbers_give_a_state_that_is_json_and_resumes(toy_cache):
     again = [b["record_id"] for b in fresh]
     assert len(first) + len(rest) == len(fresh) and len(again) == len(rest)
     assert all(torch.equal(a, b) for a, b in zip(again, rest))
+
+
+def test_a_mixture_epoch_size_from_numpy_gives_a_json_state(tmp_path):
+    """``Mixture(..., epoch_size=np.int64(900))`` was accepted, then ``state_dict()`` raised the same
+    ``TypeError`` (the stage's epoch size went into the state as it was given)."""
+    caches = []
+    for i in range(2):
+        caches.append(tmp_path / f"c{i}")
+        build_toy(caches[-1], records=300, seed=i)
+    mix = Mixture({"a": str(caches[0]), "b": str(caches[1])}, weights={"a": 1, "b": 2}, epoch_size=np.int64(450))
+    loader = make_loader(ShardStream(mix, view="records", batch_size=64), num_workers=0)
+    next(iter(loader))
+    state = json.loads(json.dumps(loader.state_dict()))
+    fresh = make_loader(ShardStream(Mixture({"a": str(caches[0]), "b": str(caches[1])}, weights={"a": 1, "b": 2}, epoch_size=450), view="records", batch_size=64), num_workers=0)
+    fresh.load_state_dict(state)
+    assert sum(1 for _ in fresh) == len(fresh) - 1
