@@ -70,3 +70,9 @@ def test_a_mixture_epoch_size_from_numpy_gives_a_json_state(tmp_path):
     fresh = make_loader(ShardStream(Mixture({"a": str(caches[0]), "b": str(caches[1])}, weights={"a": 1, "b": 2}, epoch_size=450), view="records", batch_size=64), num_workers=0)
     fresh.load_state_dict(state)
     assert sum(1 for _ in fresh) == len(fresh) - 1
+
+
+def test_fields_given_as_one_string_is_refused_by_name(toy_cache):
+    """``fields="mat"`` read as the fields 'm', 'a', 't' ("needs field(s) ['m', 'a', 't']")."""
+    with pytest.raises(ValueError, match=r"fields must be a list of field names, got the string 'mat' \(write \['mat'\]\)"):
+        ShardStream(toy_cache, view="records", batch_size=64, fields="mat")
