@@ -1,4 +1,4 @@
-"""Ctrl-C says "rerun the same command to resume" only where a rerun resumes.
+"""Ctrl-C says "rerun the same command to resume" only where a rerun resumes; ``bench`` of an empty cache is one line.
 
 The review of 2026-11-24 (thirteenth session) pressed Ctrl-C in ``cachebuild verify`` and
 ``cachebuild bench``: both printed ``interrupted: rerun the same command to resume``, though
@@ -8,6 +8,7 @@ the builders and ``stage`` keep the hint.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -50,3 +51,18 @@ def test_bench_interrupted_says_interrupted_only(tmp_path):
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "interrupted", done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_bench_of_a_cache_with_no_records_is_one_line(tmp_path):
+    """A manifest listing no shards (``verify`` passes it) made ``cachebuild bench`` end in
+    ``IndexError: list index out of range`` with a traceback."""
+    cache = tmp_path / "cache"
+    build_toy(cache, records=600)
+    doc = json.loads((cache / "manifest.json").read_text())
+    doc["shards"], doc["records"] = [], 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "manifest.json").write_text(json.dumps(doc))
+    done = subprocess.run([sys.executable, "-m", "cachebuild", "bench", str(empty), "--batches", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"error: {empty} holds no records (its manifest lists 0 shards): nothing to bench"
