@@ -5,6 +5,7 @@ The review of 2026-11-24 (thirteenth session) ran ``cachebuild build --config me
 though ``--help`` says ``--records`` is the number of records. A mel source makes one record
 per input (an HDF5 file's rows, a folder's WAV files, N synthetic clips), so a different count
 is now one line naming both numbers (exit 2) and nothing is written; the same count is accepted.
+Likewise ``cachebuild mel --h5-dataset`` without ``--from-h5`` (it was ignored).
 """
 
 from __future__ import annotations
@@ -41,3 +42,17 @@ def test_the_same_count_builds(tmp_path):
     done = _build(tmp_path, "--records", "6")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"built {tmp_path / 'out'}: 6 files")
+
+
+def test_h5_dataset_without_an_h5_file_is_refused(tmp_path):
+    """``cachebuild mel --synthetic 6 --h5-dataset mel=foo`` built, ignoring the flag."""
+    done = subprocess.run(
+        [sys.executable, "-m", "cachebuild", "mel", "--synthetic", "6", "--h5-dataset", "mel=foo", "--out", str(tmp_path / "out"), "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "error: --h5-dataset 'mel=foo' names a dataset of the HDF5 file: it applies only with --from-h5 FILE"
+    assert not (tmp_path / "out").exists()

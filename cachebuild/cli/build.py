@@ -152,6 +152,8 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
     from cachebuild.jobs import run_mel_build
 
     _check_cluster_flags(backend, address=address)
+    if h5_datasets and from_h5 is None:  # was ignored without a word
+        raise ConfigError(f"--h5-dataset {h5_datasets[0]!r} names a dataset of the HDF5 file: it applies only with --from-h5 FILE")
     datasets = {}
     for item in h5_datasets:
         role, sep, name = item.partition("=")
