@@ -60,6 +60,11 @@ def build_recipe(
         source, count = kind.make(parsed)
         if append and count is not None:
             raise ConfigError(f"recipe kind {kind.name!r} reads a fixed set of inputs ({count} records): an append needs a generator (fresh records from fresh seeds)")
+        if count is not None and parsed.count is not None and parsed.count != count:  # was ignored: --records 5 built all 20
+            raise ConfigError(
+                f"recipe kind {kind.name!r} makes one record per input, {count} {kind.unit} here: a count of {parsed.count} "
+                f"(--records, or {kind.count_key!r} in the recipe) cannot apply; for synthetic clips set [source] synthetic = N"
+            )
         total = count if count is not None else (parsed.count or kind.default_count)
         if total is None:
             raise ConfigError(f"recipe kind {kind.name!r} needs a record count: set '{kind.count_key} = N' in the recipe or pass --records N")

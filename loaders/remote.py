@@ -203,11 +203,12 @@ class ShardFetcher:
         return f"{sha256[:16]}-{name}"
 
     def local_to_url(self, text: str) -> str:
-        """``text`` with this fetcher's local paths replaced by the URLs they came from."""
+        """``text`` with this fetcher's local paths replaced by the URLs they came from (the
+        folder itself stays: "local cache FOLDER is full" is about that folder, not the server)."""
         for e in self.manifest.shards:
             for name, sha in ((e.name, e.sha256), (e.index, e.index_sha256)):
                 text = text.replace(str(self.cache.folder / self.local_name(name, sha)), f"{self.url}/{name}")
-        return text.replace(str(self.cache.folder), self.url)
+        return text.replace(f"{self.cache.folder}{os.sep}", f"{self.url}/")
 
     def _download(self, name: str, size: int, sha256: str, keep: set[str]) -> Path:
         local = self.local_name(name, sha256)

@@ -128,7 +128,8 @@ def check_schedule(stages: Sequence[Stage] | Mapping[int, Weights], names: Seque
         if not isinstance(s, Stage):
             raise ConfigError(f"schedule stage {i}: expected a Stage(epochs=(first, end), weights=...), got {type(s).__name__}")
         _check_stage(s, where or f"schedule stage {i}")
-        out.append(Stage((s.first, s.end), check_weights(s.weights, names, where or f"schedule stage {i} (epochs {_span(s)})"), s.epoch_size))
+        size = None if s.epoch_size is None else int(s.epoch_size)  # a numpy integer would break the state's JSON
+        out.append(Stage((s.first, s.end), check_weights(s.weights, names, where or f"schedule stage {i} (epochs {_span(s)})"), size))
     out.sort(key=lambda s: s.first)
     if out[0].first != 0:
         raise ConfigError(f"schedule: epochs 0..{out[0].first - 1} have no stage (the first stage starts at epoch {out[0].first}); stages must cover every epoch from 0")

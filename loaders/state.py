@@ -33,6 +33,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from cachebuild.errors import CacheMismatchError, WorkerStateError
 from cachebuild.format.manifest import Manifest
 
@@ -48,6 +50,7 @@ __all__ = [
     "state_generation",
     "saved_workers",
     "check_loader_workers",
+    "plan_args",
 ]
 
 STATE_FORMAT = "cachebuild-loader-state"
@@ -72,6 +75,22 @@ class PlanConfig:
         d.pop("seed")
         out: dict[str, Any] = json.loads(json.dumps(d))
         return out
+
+
+def plan_args(batch_size: Any, seed: Any, shuffle: Any, drop_last: Any) -> tuple[int, int, bool, bool]:
+    """:class:`ShardStream`'s plan arguments checked (one ``ValueError`` line each, before anything is
+    opened) and made plain Python values, as a state stores them in JSON: numpy integers and booleans are
+    accepted; ``shuffle="no"`` (a string from a command line or a YAML file) is refused, not truthy.
+    (``window``: :func:`loaders.shard_window.resolve_window`.)"""
+    for name, value in (("batch_size", batch_size), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):  # a float would fail deep in the plan, or silently seed
+            raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+        if not isinstance(flag, (bool, np.bool_)) and not (type(flag) is int and flag in (0, 1)):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
+    return int(batch_size), int(seed), bool(shuffle), bool(drop_last)
 
 
 def cache_fingerprint(manifest: Manifest) -> str:

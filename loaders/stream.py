@@ -47,7 +47,7 @@ from loaders.remote import RemoteOptions, fetch_manifest, is_remote
 from loaders.shards import RemoteFiles
 from loaders.shared_pools import SharedPools
 from loaders.slots import SlotRings
-from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state
+from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state, plan_args
 from loaders.views import make_view
 from loaders.shard_window import AUTO_WINDOW, batch_shards, check_rank, resolve_window, shard_schedule
 from loaders.world import World, detect_ranks, worker_part
@@ -110,11 +110,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         **view_options: Any,
     ):
         super().__init__()
-        for name, value in (("batch_size", batch_size), ("seed", seed)):  # a float would fail deep in the plan, or silently seed
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"{name} must be a whole number, got {value!r}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+        batch_size, seed, shuffle, drop_last = plan_args(batch_size, seed, shuffle, drop_last)
         self._open_root(mixture_root(root, view_options), remote)  # ShardStream([a, b], weights=...): a Mixture
         window = resolve_window(window, remote=any(map(is_remote, self.mixture.roots)) if self.mixture is not None else self.remote is not None)
         self.generation = generation_of(self.manifest)  # one cache's; a mixture's caches: self.generations

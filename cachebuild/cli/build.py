@@ -152,6 +152,8 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
     from cachebuild.jobs import run_mel_build
 
     _check_cluster_flags(backend, address=address)
+    if h5_datasets and from_h5 is None:  # was ignored without a word
+        raise ConfigError(f"--h5-dataset {h5_datasets[0]!r} names a dataset of the HDF5 file: it applies only with --from-h5 FILE")
     datasets = {}
     for item in h5_datasets:
         role, sep, name = item.partition("=")
@@ -175,7 +177,7 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
 )
 @click.option("--out", "-o", type=str, required=True, help="Cache folder (created) or fsspec URL.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set params.length=128 (repeatable).")
-@click.option("--records", "-n", type=click.IntRange(min=1), default=None, help="Number of records [default: the recipe's count key: graphs, records].")
+@click.option("--records", "-n", type=click.IntRange(min=1), default=None, help="Number of records [default: the recipe's count key: graphs, records; mel: one per input, fixed by its [source]].")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Base seed [default: the recipe's, else 0; with --append: the cache's own].")
 @click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel worker processes (default: all cores).")
 @click.option(

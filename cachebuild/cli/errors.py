@@ -37,6 +37,9 @@ EXIT_FAULTS = 3
 EXIT_INTERRUPTED = 130
 """Ctrl-C (128 + SIGINT), like a shell."""
 
+RESUMING = frozenset({"generate", "build", "mel", "stage", "prune"})
+"""Commands whose rerun picks up where an interrupted one stopped (builds, a stage's copy)."""
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -56,6 +59,8 @@ def friendly(fn: F) -> F:
         except CacheBuildError as exc:
             fail(f"error: {exc}", exc.exit_code)
         except KeyboardInterrupt:
-            fail("interrupted: rerun the same command to resume", EXIT_INTERRUPTED)
+            ctx = click.get_current_context(silent=True)
+            resumes = ctx is None or ctx.info_name in RESUMING  # verify, inspect, bench: nothing to resume
+            fail("interrupted: rerun the same command to resume" if resumes else "interrupted", EXIT_INTERRUPTED)
 
     return wrapper  # type: ignore[return-value]

@@ -44,6 +44,7 @@ __all__ = [
     "FIELD_NAME_RE",
     "check_file_name",
     "check_manifest",
+    "check_tables",
     "check_dtype",
     "decoded_limit",
     "load_json_bounded",
@@ -120,6 +121,45 @@ def load_json_bounded(data: bytes | memoryview, where: str, error: type[CacheBui
         return json.loads(data, parse_constant=refuse_constant)
     except (ValueError, RecursionError) as exc:
         raise error(f"{where}: not valid JSON ({type(exc).__name__}: {exc})") from exc
+
+
+_TOP_TYPES = (("kind", str, "a string"), ("seed", int, "a whole number"), ("config", dict, "a table"), ("codec", dict, "a table"), ("fields", dict, "a table"), ("shards", list, "a list"))
+_SCHEMA_KEYS = ("dtype", "ndim", "max_shape", "min_shape")
+
+
+def _typed(value: Any, kind: type, what: str, field: str, where: str) -> None:
+    if not isinstance(value, kind):
+        raise ManifestError(f"{where}: {field} = {value!r:.80} is not {what}")
+
+
+def check_tables(doc: dict[str, Any], shard_keys: tuple[str, ...], required: int, where: str) -> None:
+    """The manifest's keys, tables and lists are there and of their type, before anything is built from them.
+
+    ``shard_keys`` are a shard entry's keys (the first ``required`` must be given). A
+    fault names the key (``fields.adj``, ``shards[3].sha256``) and its value, so a
+    hand-edited or truncated manifest reads as one line rather than a Python error.
+    """
+    for key, kind, what in _TOP_TYPES:
+        if key not in doc:
+            raise ManifestError(f"{where}: no {key!r} key (a cachebuild manifest has {', '.join(k for k, _, _ in _TOP_TYPES)})")
+        _typed(doc[key], kind, what, key, where)
+    for name, schema in doc["fields"].items():
+        _typed(schema, dict, "a table (dtype, ndim, max_shape, min_shape)", f"fields.{name}", where)
+        missing = next((k for k in _SCHEMA_KEYS if k not in schema), None)
+        if missing is not None:
+            raise ManifestError(f"{where}: fields.{name} has no {missing!r} (a field schema has {', '.join(_SCHEMA_KEYS)})")
+        for key in ("max_shape", "min_shape"):
+            _typed(schema[key], list, "a list of whole numbers", f"fields.{name}.{key}", where)
+    for i, entry in enumerate(doc["shards"]):
+        _typed(entry, dict, "a table (name, index, first_record, records, bytes, sha256, ...)", f"shards[{i}]", where)
+        missing = next((k for k in shard_keys[:required] if k not in entry), None)
+        if missing is not None:
+            raise ManifestError(f"{where}: shards[{i}] has no {missing!r} (a shard entry has {', '.join(shard_keys[:required])})")
+        unknown = next((k for k in entry if k not in shard_keys), None)
+        if unknown is not None:
+            raise ManifestError(f"{where}: shards[{i}] has an unknown key {unknown!r} (known: {', '.join(shard_keys)})")
+    if "records" in doc:
+        _whole(doc["records"], "records", where)  # its range and sum: check_manifest, against the shards
 
 
 def _whole(value: Any, field: str, where: str, lo: int = 0, hi: int = 1 << 62) -> int:

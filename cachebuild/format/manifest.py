@@ -8,7 +8,7 @@ name, first record id, record count, bytes and checksums.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields as dataclass_fields
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from cachebuild.errors import ManifestError, SourceError
 from cachebuild.format.codec import Codec, parse_codec
-from cachebuild.format.limits import MAX_MANIFEST_BYTES, check_manifest, load_json_bounded
+from cachebuild.format.limits import MAX_MANIFEST_BYTES, check_manifest, check_tables, load_json_bounded
 from cachebuild.format.names import FORMAT_NAME, FORMAT_VERSION, JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION, SHARED_VERSION
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "manifest_version", "read_manifest", "schemas_from_indexes"]
@@ -134,6 +134,7 @@ class Manifest:
             raise ManifestError(f"{where}: not a cachebuild manifest (format={doc.get('format') if isinstance(doc, dict) else None!r})")
         if doc.get("version") not in READ_VERSIONS:
             raise ManifestError(f"{where}: format version {doc.get('version')!r} is not supported (this cachebuild reads {', '.join(map(str, READ_VERSIONS))})")
+        check_tables(doc, _SHARD_KEYS, _SHARD_REQUIRED, where)
         try:
             fields = tuple(FieldSchema(name, f["dtype"], f["ndim"], tuple(f["max_shape"]), tuple(f["min_shape"])) for name, f in doc["fields"].items())
             shards = tuple(ShardEntry(**s) for s in doc["shards"])
@@ -153,6 +154,10 @@ class Manifest:
             raise ManifestError(f"{where}: malformed ({type(exc).__name__}: {exc})") from exc
         check_manifest(manifest, doc.get("records"), where)
         return manifest
+
+
+_SHARD_KEYS = tuple(f.name for f in dataclass_fields(ShardEntry))
+_SHARD_REQUIRED = sum(f.default is MISSING for f in dataclass_fields(ShardEntry))  # the keys without a default come first
 
 
 def manifest_version(version: int, shards: Sequence[ShardEntry], share: int = 0) -> int:

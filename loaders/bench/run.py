@@ -204,6 +204,8 @@ def run_bench(
     if compare:
         _check_compare()
     manifest = read_manifest(cache)
+    if manifest.records == 0:  # a stranger's manifest may list no shards (verify passes it): nothing to drain
+        raise ConfigError(f"{cache} holds no records (its manifest lists {len(manifest.shards)} shards): nothing to bench")
     view = view or default_view(manifest.kind)
     stream = _open_stream(cache, view, DEFAULT_BATCH.get(view, 256) if batch_size is None else batch_size, seed)
     consumer = consumer or ("sleep" if step_ms > 0 else "none")

@@ -122,7 +122,9 @@ def array_fields(manifest: Manifest) -> list[FieldSchema]:
 
 
 def require_fields(manifest: Manifest, names: Sequence[str], view: str) -> None:
-    """A clear error when a view needs fields the cache does not have."""
+    """A clear error when a view needs fields the cache does not have (or is given one name, not a list of them)."""
+    if isinstance(names, str):  # fields="adj" would read as the fields 'a', 'd', 'j'
+        raise ValueError(f"view '{view}': fields must be a list of field names, got the string {names!r} (write [{names!r}])")
     have = set(manifest.field_names)
     missing = [n for n in names if n not in have]
     if missing:
