@@ -1,4 +1,5 @@
-"""Ctrl-C says "rerun the same command to resume" only where a rerun resumes; ``bench`` of an empty cache is one line.
+"""Ctrl-C says "rerun the same command to resume" only where a rerun resumes; ``bench`` of an empty
+cache and ``prune`` of an interrupted build are one line each.
 
 The review of 2026-11-24 (thirteenth session) pressed Ctrl-C in ``cachebuild verify`` and
 ``cachebuild bench``: both printed ``interrupted: rerun the same command to resume``, though
@@ -66,3 +67,27 @@ def test_bench_of_a_cache_with_no_records_is_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "cachebuild", "bench", str(empty), "--batches", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"error: {empty} holds no records (its manifest lists 0 shards): nothing to bench"
+
+
+def test_prune_of_an_interrupted_first_build_says_so(tmp_path):
+    """``cachebuild prune`` of a folder whose first build was interrupted said "is not a cachebuild
+    cache (no manifest.json)"; ``--append`` already said "holds an unfinished build"."""
+    out = tmp_path / "cache"
+    build = subprocess.Popen(
+        [sys.executable, "-m", "cachebuild", "generate", "--graphs", "20000", "--out", str(out), "-j", "1", "--shard-mb", "4", "-q"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and build.poll() is None and not list(out.glob("shard-*.done.json")):
+        time.sleep(0.02)
+    assert build.poll() is None, "the build ended before it was interrupted"
+    os.kill(build.pid, signal.SIGINT)
+    _, err = build.communicate(timeout=120)
+    assert build.returncode == 130, err
+    assert not (out / "manifest.json").exists()
+    done = subprocess.run([sys.executable, "-m", "cachebuild", "prune", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"error: prune: {out} holds an unfinished build (finish it first: rerun it)"
