@@ -72,9 +72,26 @@ def run_causal_build(
     with naming_recipe(config_path, overrides):
         recipe = load_recipe(config_path, overrides, values, count_key="graphs")
         _check_kind(recipe, "causal", config_path, "generate")
+        _check_family_keys(recipe, overrides, values)
         source, _ = KINDS["causal"].make(recipe)  # the same maker as `cachebuild build` with kind = "causal"
         opts = recipe_options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress, append, keep)
     return build_cache(source, opts, unit="graphs")
+
+
+_FAMILY_OF_KEY = {"graph.edge_prob": "topo", "graph.expected_degree": "er", "graph.m": "scale_free"}
+"""The graph family each size key applies to (the others ignore it)."""
+
+
+def _check_family_keys(recipe: Recipe, overrides: Iterable[str], values: Mapping[str, Any]) -> None:
+    """A family's size key given on the command line (``--edge-prob``, ``--set graph.m=3``) for a recipe of
+    another family would be ignored: refuse it in one line (a recipe file may spell out every key)."""
+    given = {k for k, v in values.items() if v is not None} | {o.split("=", 1)[0].strip() for o in overrides}
+    graph = recipe.table.get("graph", {})
+    family = graph.get("family", "topo") if isinstance(graph, dict) else "topo"
+    for key, owner in _FAMILY_OF_KEY.items():
+        if key in given and family != owner:
+            uses = ", ".join(f"{f}: {k}" for k, f in _FAMILY_OF_KEY.items())
+            raise ConfigError(f"config key '{key}' applies to graph.family '{owner}' only, and this recipe's family is {family!r}: it would be ignored ({uses})")
 
 
 def run_mel_build(
