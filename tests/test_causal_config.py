@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachebuild.causal import EDGE_FUNCTIONS, NOISE_KINDS, CausalConfig, parse_causal_config
-from cachebuild.causal.config import SampleConfig
+from cachebuild.causal.config import STORED_WHEN_SET, SampleConfig
 from cachebuild.errors import ConfigError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -30,13 +31,19 @@ def _load(name: str) -> CausalConfig:
     return parse_causal_config(tomllib.loads((CONFIGS / name).read_text()))
 
 
+def _all_keys() -> dict[str, set[str]]:
+    """Every key of every section (``to_dict`` leaves out the later keys at their default)."""
+    cfg = CausalConfig()
+    return {f.name: {k.name for k in dataclasses.fields(getattr(cfg, f.name))} for f in dataclasses.fields(cfg)}
+
+
 def test_users_2026_01_15_toml_is_the_builtin_default() -> None:
     data = tomllib.loads((CONFIGS / "causal-users-2026-01-15.toml").read_text())
     assert "seed" in data and "graphs" in data
     assert parse_causal_config(data) == CausalConfig()
     # every key is spelled out in the file, so the file alone documents the default
-    for section, table in CausalConfig().to_dict().items():
-        assert set(data[section]) == set(table), section
+    for section, keys in _all_keys().items():
+        assert set(data[section]) == keys, section
 
 
 def test_causal_default_toml_is_the_builtin_default() -> None:
@@ -46,11 +53,45 @@ def test_causal_default_toml_is_the_builtin_default() -> None:
     assert data == tomllib.loads((CONFIGS / "causal-users-2026-01-15.toml").read_text())
 
 
+USERS_RECIPES = ("causal-users-2026-01-06.toml", "causal-users-2026-01-06-clipped.toml", "causal-users-2026-01-14.toml")
+
+
 def test_recipes_spell_out_every_key() -> None:
-    keys = {section: set(table) for section, table in CausalConfig().to_dict().items()}
-    for name in ("causal-users-2026-01-06.toml", "causal-rich.toml"):
+    keys = _all_keys()
+    for name in USERS_RECIPES + ("causal-rich.toml", "causal-default.toml"):
         data = tomllib.loads((CONFIGS / name).read_text())
         assert {s: set(data[s]) for s in keys} == keys, name
+
+
+def test_later_keys_are_stored_only_when_set() -> None:
+    """Keys added for the clipped recipes leave the manifests (and fingerprints) of older recipes as they were."""
+    for section, names in STORED_WHEN_SET.items():
+        assert not set(names) & set(CausalConfig().to_dict()[section]), section
+    for name in ("causal-users-2026-01-06.toml", "causal-rich.toml", "causal-users-2026-01-15.toml"):
+        d = _load(name).to_dict()
+        assert all(not set(names) & set(d[s]) for s, names in STORED_WHEN_SET.items()), name
+    cfg = _load("causal-users-2026-01-06-clipped.toml")
+    d = json.loads(json.dumps(cfg.to_dict()))
+    assert d["noise"]["clip"] == 50.0 and d["interventions"]["value_clip"] == 30.0
+    assert (d["mechanism"]["clip_interaction"], d["mechanism"]["clip_rest"]) == (50.0, 50.0)
+    assert parse_causal_config(d) == cfg
+
+
+@pytest.mark.parametrize("name", USERS_RECIPES[1:])
+def test_users_clipped_tomls(name: str) -> None:
+    """dd4cd49 (2026-01-06 16:23) and 089a630 (2026-01-14): 26c6c51 with their clips."""
+    cfg, before = _load(name), _load("causal-users-2026-01-06.toml")
+    mc = cfg.mechanism
+    assert (mc.clip_parent, mc.clip_term, mc.clip_value, mc.clip_interaction, mc.clip_rest) == (50.0, 50.0, 30.0, 50.0, 50.0)
+    assert cfg.noise.clip == 50.0 and cfg.interventions.value_clip == 30.0
+    assert mc.functions == tuple("poly_clip10" if f == "poly" else f for f in before.mechanism.functions)
+    assert mc.function_weights == before.mechanism.function_weights and mc.interaction_prob == 0.3
+    assert cfg.interventions == dataclasses.replace(before.interventions, value_clip=30.0)
+    assert cfg.graph == before.graph and cfg.samples == before.samples
+    if name == "causal-users-2026-01-14.toml":  # 089a630: a noise family per graph, Cauchy up to the noise clip
+        assert cfg.noise.kind == "mixed" and cfg.noise.cauchy_clip == 50.0 and cfg.noise.kinds == NOISE_KINDS
+    else:
+        assert cfg.noise == dataclasses.replace(before.noise, clip=50.0)
 
 
 def test_users_2026_01_06_toml() -> None:
@@ -181,6 +222,11 @@ _bad = [
     ({"interventions": {"sigma_ddof": 2}}, "interventions.sigma_ddof"),
     ({"interventions": {"sigma_min": -0.1}}, "interventions.sigma_min"),
     ({"samples": {"base": True}}, "samples.base"),
+    ({"noise": {"clip": 0}}, "noise.clip"),
+    ({"noise": {"clip": "off"}}, "noise.clip"),
+    ({"interventions": {"value_clip": -30.0}}, "interventions.value_clip"),
+    ({"mechanism": {"clip_interaction": 2e6}}, "mechanism.clip_interaction"),
+    ({"mechanism": {"clip_rest": True}}, "mechanism.clip_rest"),
     ({"noise": {"kindd": "normal"}}, "noise.kindd"),
     ({"graphh": {}}, "graphh"),
     ({"graph": 3}, "graph"),

@@ -51,7 +51,7 @@ def test_every_mechanism_and_noise_family_is_finite(mechanism: str, function: st
         assert _all_finite(recs), (function, mechanism, convention)
 
 
-@pytest.mark.parametrize("recipe", ["causal-users-2026-01-15.toml", "causal-users-2026-01-06.toml", "causal-rich.toml"])
+@pytest.mark.parametrize("recipe", ["causal-users-2026-01-15.toml", "causal-users-2026-01-06.toml", "causal-users-2026-01-06-clipped.toml", "causal-users-2026-01-14.toml", "causal-rich.toml"])
 def test_recipes_are_finite(recipe: str) -> None:
     import tomllib
     from pathlib import Path

@@ -110,6 +110,7 @@ _PINNED_IDS = {
     "quadratic": 8, "cubic": 9, "sigmoid": 10, "step": 11, "abs": 12, "poly": 13, "sawtooth": 14,
     "rational": 15, "linear_2x": 16, "neg_linear_2x": 17, "quadratic_clip5": 18, "cubic_clip3": 19,
     "cubic_clip5": 20, "poly_clip5": 21, "sawtooth_centered": 22, "log_abs_clip5": 23, "sqrt_abs": 24,
+    "poly_clip10": 25,
 }  # fmt: skip
 
 
@@ -122,7 +123,7 @@ def test_edge_function_ids_are_pinned() -> None:
 
 def test_edge_function_semantics() -> None:
     x = np.array([-7.0, -2.5, -1.0, 0.0, 0.5, 3.0, 6.0], np.float32)
-    c5, c3 = np.clip(x, -5, 5), np.clip(x, -3, 3)
+    c5, c3, c10 = np.clip(x, -5, 5), np.clip(x, -3, 3), np.clip(x * 2, -10, 10)
     want = {
         "linear": x,
         "neg_linear": -x,
@@ -149,10 +150,11 @@ def test_edge_function_semantics() -> None:
         "sawtooth_centered": 2 * (x - np.floor(x)) - 1,
         "log_abs_clip5": np.log(np.abs(c5) + 1e-6),
         "sqrt_abs": np.sqrt(np.abs(x)),
+        "poly_clip10": 0.5 * c10**2 + 0.5 * c10,  # on 2x: -14, 12 are clipped, -5, 6 are not
     }
     assert set(want) == set(EDGE_FUNCTIONS)
     for fid, name in enumerate(EDGE_FUNCTIONS):
-        got = apply_edge_function(fid, x)
+        got = apply_edge_function(fid, x * 2 if name == "poly_clip10" else x)
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, want[name], rtol=1e-6, atol=1e-6, err_msg=name)
 

@@ -41,6 +41,7 @@ __all__ = [
     "STANDARDIZE_MODES",
     "USERS_2026_01_15_FUNCTIONS",
     "IGNORED_TOP_LEVEL_KEYS",
+    "STORED_WHEN_SET",
     "parse_causal_config",
 ]
 
@@ -58,6 +59,15 @@ USERS_2026_01_15_FUNCTIONS: tuple[str, ...] = (
     "quadratic_clip5", "cubic_clip5", "sigmoid", "step", "abs", "poly_clip5", "sawtooth_centered", "rational",
 )  # fmt: skip
 """The users' 16 edge types of 2026-01-15, in their ``randint(1, 17)`` order, as registry names."""
+
+STORED_WHEN_SET: dict[str, tuple[str, ...]] = {
+    "mechanism": ("clip_interaction", "clip_rest"),
+    "noise": ("clip",),
+    "interventions": ("value_clip",),
+}
+"""Keys added after caches were built (for the users' 2026-01-06 clipped generator):
+``to_dict()`` stores them only when set, so a cache built before keeps its manifest and
+build fingerprint (its resume and append still match) and the pinned bytes stay the same."""
 
 _MAX_NODES = 32767  # targets are stored as int16
 _MAX_WEIGHT = 100.0
@@ -91,6 +101,8 @@ class MechanismConfig:
     clip_parent: float | None = None  # parent value clipped to +-clip_parent before f
     clip_term: float | None = 10.0  # each term w * f(x) clipped
     clip_value: float = 20.0  # value of every node with parents clipped
+    clip_interaction: float | None = None  # an interaction node's product of its first two terms clipped
+    clip_rest: float | None = None  # an interaction node's sum of its other terms clipped (0 if none)
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,7 @@ class NoiseConfig:
     scale_hi: float = 1.5
     cauchy_clip: float = 20.0  # cauchy clip (unit_variance: of the standard variate; numpy: after scaling)
     kinds: tuple[str, ...] = NOISE_KINDS  # mixed: kinds drawn from (uniformly, per graph)
+    clip: float | None = None  # every noise draw clipped to +-clip after scaling (after cauchy_clip)
 
 
 @dataclass(frozen=True)
@@ -121,6 +134,7 @@ class InterventionConfig:
     value_lo: float = -2.0  # sampled: c ~ U(value_lo, value_hi), per_target per target
     value_hi: float = 2.0
     per_target: int = 4
+    value_clip: float | None = None  # every intervention value c clipped to +-value_clip (any mode)
 
     def per_target_count(self) -> int:
         """Interventions per target node (``len(coeffs)``, ``len(values)`` or ``per_target``)."""
@@ -169,7 +183,8 @@ class CausalConfig:
         out: dict[str, dict[str, Any]] = {}
         for f in dataclasses.fields(self):
             sub = getattr(self, f.name)
-            out[f.name] = {k.name: list(x) if isinstance(x := getattr(sub, k.name), tuple) else x for k in dataclasses.fields(sub)}
+            table = {k.name: list(x) if isinstance(x := getattr(sub, k.name), tuple) else x for k in dataclasses.fields(sub)}
+            out[f.name] = {k: x for k, x in table.items() if x is not None or k not in STORED_WHEN_SET.get(f.name, ())}
         return out
 
     def max_nodes(self) -> int:
@@ -254,6 +269,8 @@ def _parse_mechanism(data: Mapping[str, Any]) -> MechanismConfig:
         clip_parent=v.optional_bound("mechanism.clip_parent", r["clip_parent"], _MAX_CLIP),
         clip_term=v.optional_bound("mechanism.clip_term", r["clip_term"], _MAX_CLIP),
         clip_value=v.number("mechanism.clip_value", r["clip_value"], 0.0, _MAX_CLIP, open_lo=True),
+        clip_interaction=v.optional_bound("mechanism.clip_interaction", r["clip_interaction"], _MAX_CLIP),
+        clip_rest=v.optional_bound("mechanism.clip_rest", r["clip_rest"], _MAX_CLIP),
     )
 
 
@@ -269,6 +286,7 @@ def _parse_noise(data: Mapping[str, Any]) -> NoiseConfig:
         scale_hi=v.number("noise.scale_hi", r["scale_hi"], scale_lo, _MAX_SCALE),
         cauchy_clip=v.number("noise.cauchy_clip", r["cauchy_clip"], 0.0, _MAX_CLIP, open_lo=True),
         kinds=v.names("noise.kinds", r["kinds"], NOISE_KINDS),
+        clip=v.optional_bound("noise.clip", r["clip"], _MAX_CLIP),
     )
 
 
@@ -286,6 +304,7 @@ def _parse_interventions(data: Mapping[str, Any]) -> InterventionConfig:
         value_lo=value_lo,
         value_hi=v.number("interventions.value_hi", r["value_hi"], value_lo, _MAX_CLIP),
         per_target=v.integer("interventions.per_target", r["per_target"], 1),
+        value_clip=v.optional_bound("interventions.value_clip", r["value_clip"], _MAX_CLIP),
     )
 
 

@@ -36,6 +36,7 @@ storage form. ``x`` below is the parent value after the optional
 22    sawtooth_centered    ``2 (x - floor(x)) - 1``                      users
 23    log_abs_clip5        ``log(|clip(x, -5, 5)| + 1e-6)``              users-01-15
 24    sqrt_abs             ``sqrt(|x|)``                                 users-01-15
+25    poly_clip10          ``poly(clip(x, -10, 10))``                    users-01-06-clipped, -01-14
 ====  ===================  ============================================  ==============================
 
 Every function is finite for every finite float32 input (``exp`` and
@@ -188,6 +189,7 @@ EDGE_FUNCTION_REGISTRY: tuple[EdgeFunction, ...] = (
     EdgeFunction(22, "sawtooth_centered", "2 (x - floor(x)) - 1", _sawtooth_centered),
     EdgeFunction(23, "log_abs_clip5", "log(|clip(x, -5, 5)| + 1e-6)", _clipped(5.0, _log_abs)),
     EdgeFunction(24, "sqrt_abs", "sqrt(|x|)", _sqrt_abs),
+    EdgeFunction(25, "poly_clip10", "0.5 c**2 + 0.5 c, c = clip(x, -10, 10)", _clipped(10.0, _poly)),
 )
 """All edge functions, entry ``i`` having id ``i``. Append only: never reorder, rename or remove."""
 

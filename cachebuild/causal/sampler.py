@@ -138,12 +138,15 @@ def _draw_noise(
     """Scaled noise ``[len(kind_ids), *rest]``; row r has kind ``kinds[kind_ids[r]]`` and scales ``scale[r]``."""
     draw = functools.partial(sample_noise, cauchy_clip=nc.cauchy_clip, dtype=_DT, convention=nc.convention)
     if len(kinds) == 1:
-        return draw(rng, kinds[0], (len(kind_ids),) + rest, scale=None if scale is None else scale[:, :, None])
-    out = np.empty((len(kind_ids),) + rest, dtype=_DT)
-    for k, name in enumerate(kinds):
-        sel = np.flatnonzero(kind_ids == k)
-        if sel.size:
-            out[sel] = draw(rng, name, (sel.size,) + rest, scale=None if scale is None else scale[sel][:, :, None])
+        out = draw(rng, kinds[0], (len(kind_ids),) + rest, scale=None if scale is None else scale[:, :, None])
+    else:
+        out = np.empty((len(kind_ids),) + rest, dtype=_DT)
+        for k, name in enumerate(kinds):
+            sel = np.flatnonzero(kind_ids == k)
+            if sel.size:
+                out[sel] = draw(rng, name, (sel.size,) + rest, scale=None if scale is None else scale[sel][:, :, None])
+    if nc.clip is not None:  # the users' 2026-01-06 (dd4cd49) to -14 generate_data: np.clip(noise, -50, 50)
+        np.clip(out, -nc.clip, nc.clip, out=out)
     return out
 
 
@@ -175,6 +178,8 @@ def _values(ic: InterventionConfig, rng: np.random.Generator, base: np.ndarray, 
         c = np.broadcast_to(np.tile(np.asarray(ic.values), n_targets), (g, k))
     else:
         c = rng.uniform(ic.value_lo, ic.value_hi, size=(g, k))
+    if ic.value_clip is not None:  # the value the target is set to (theirs: np.clip(intervention[node], -30, 30))
+        c = np.clip(c, -ic.value_clip, ic.value_clip)
     return np.ascontiguousarray(c, dtype=_DT), scales
 
 

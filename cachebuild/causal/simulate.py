@@ -8,7 +8,10 @@ world of one graph, holding S samples)::
     x_j    = ((noise_j + term_p0) + term_p1) + ...     parents p0 < p1 < ... in causal order
     x_j    = clip(x_j, +-clip_value)                   (nonlinear, nodes with parents only)
 
-An interaction node replaces ``term_p0 + term_p1`` by ``term_p0 * term_p1``.
+An interaction node replaces ``term_p0 + term_p1`` by ``term_p0 * term_p1``, clipped to
+``+-clip_interaction``; with ``clip_rest`` its other terms are summed first and the sum
+clipped to ``+-clip_rest`` (the users' 2026-01-06 dd4cd49 to 2026-01-14 generator:
+``noise + (clip(t0 * t1) + clip(t2 + t3 + ...))``).
 With ``mechanism.weights = "one"`` every ``w_ij`` is 1 and the multiply is
 skipped. Root nodes are their noise, never clipped (as in the users' code).
 The linear mechanism never clips, so its analytic formulas hold exactly.
@@ -65,6 +68,24 @@ def _clip_rows(acc: np.ndarray, rows: np.ndarray, bound: float) -> None:
         acc[idx] = np.clip(acc[idx], -bound, bound)
 
 
+def _interact(terms: np.ndarray, first: np.ndarray, count: np.ndarray, mc: MechanismConfig) -> None:
+    """Interaction nodes (their terms start at ``first``): term 0 becomes 0, term 1 the product
+    of both (clipped to ``clip_interaction``); with ``clip_rest``, term 2 becomes the sum of
+    terms 2, 3, ... (in order) clipped to ``+-clip_rest`` and the later ones 0."""
+    terms[first + 1] *= terms[first]
+    terms[first] = 0.0
+    if mc.clip_interaction is not None:
+        terms[first + 1] = np.clip(terms[first + 1], -mc.clip_interaction, mc.clip_interaction)
+    if mc.clip_rest is None:
+        return
+    for rank in range(3, int(count.max())):  # one step per parent rank, every node at once
+        has = np.flatnonzero(count > rank)
+        terms[first[has] + 2] += terms[first[has] + rank]
+        terms[first[has] + rank] = 0.0
+    rest = first[count > 2] + 2
+    terms[rest] = np.clip(terms[rest], -mc.clip_rest, mc.clip_rest)
+
+
 def _add_parent_terms(x: np.ndarray, rows: np.ndarray, g: np.ndarray, j: int, p: Group, acc: np.ndarray, mc: MechanismConfig) -> None:
     """Add node ``j``'s parent terms to ``acc`` [rows, S] in causal parent order; clip (nonlinear)."""
     nonlinear = mc.kind == "nonlinear"
@@ -84,9 +105,7 @@ def _add_parent_terms(x: np.ndarray, rows: np.ndarray, g: np.ndarray, j: int, p:
     if nonlinear:
         ir = np.flatnonzero(p.inter[g, j])  # only nodes with >= 2 parents
         if ir.size:
-            first = starts[ir]
-            terms[first + 1] *= terms[first]
-            terms[first] = 0.0
+            _interact(terms, starts[ir], counts[ir], mc)
     for rank in range(int(counts.max())):  # add terms in causal parent order
         rr = np.flatnonzero(counts > rank)
         acc[rr] = acc.take(rr, axis=0) + terms.take(starts[rr] + rank, axis=0)

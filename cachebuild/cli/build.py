@@ -87,6 +87,7 @@ def generate_command(**o: Any) -> None:
     Default recipe: the users' generator of 2026-01-15
     (configs/causal-users-2026-01-15.toml; interaction nodes drawn once per graph so
     twin worlds stay exact). Others: configs/causal-users-2026-01-06.toml,
+    configs/causal-users-2026-01-06-clipped.toml, configs/causal-users-2026-01-14.toml,
     configs/causal-rich.toml, configs/causal-linear.toml.
 
     Parallel over shards, deterministic (same recipe, seed, numpy version and CPU
