@@ -272,19 +272,17 @@ def test_every_node_follows_their_equations_on_dense_graphs(version: str) -> Non
 # Each clip of theirs that acts, removed or moved in our recipe. Share of intervened worlds each
 # one changes (20,000 graphs at scale (1, 50)): value clip 63%, total clip 41% (at 100), term
 # clip 3.7%, product clip 0.5%; the rest clip changes 0.56% of graphs by more than 1e-3.
+# (Each clip removed, and the two that act most moved; moving the term, product, rest and poly clips
+# (to 40, 30, 30 and 5) was caught too when this was written, and is left out of the suite for time.)
 MUTATIONS = {
     "value_clip none": {"interventions.value_clip": "none"},
     "value_clip 40": {"interventions.value_clip": 40.0},
     "clip_value 20": {"mechanism.clip_value": 20.0},
     "clip_value 40": {"mechanism.clip_value": 40.0},
     "clip_term none": {"mechanism.clip_term": "none"},
-    "clip_term 40": {"mechanism.clip_term": 40.0},
     "clip_interaction none": {"mechanism.clip_interaction": "none"},
-    "clip_interaction 30": {"mechanism.clip_interaction": 30.0},
     "clip_rest none": {"mechanism.clip_rest": "none"},
-    "clip_rest 30": {"mechanism.clip_rest": 30.0},
     "poly unclipped": "poly",
-    "poly clipped at 5": "poly_clip5",
 }
 
 
