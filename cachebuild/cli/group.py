@@ -25,8 +25,18 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
     click.echo("warning: " + " ".join(str(message).split()), err=True)
 
 
+LOKY_TRACKER_QUIET = "ignore::UserWarning:joblib.externals.loky.backend.resource_tracker"
+"""A ``-W`` option for loky's resource-tracker process (it starts with this process's ``sys.warnoptions``):
+when a failing build aborts its loky workers, the tracker could print "There appear to be 1 leaked
+semlock objects to clean up at shutdown" under the build's one-line error (seen once in CI, on a loaded
+machine). Those semaphores are loky's own, and the tracker removes them anyway."""
+
+
 def _install_one_line_warnings(ctx: click.Context) -> None:
-    """One-line warnings for the command's duration only (library users keep Python's format)."""
+    """One-line warnings for the command's duration only (library users keep Python's format); loky's
+    resource tracker, if this command starts one, silent about its own semaphores."""
+    if LOKY_TRACKER_QUIET not in sys.warnoptions:
+        sys.warnoptions.append(LOKY_TRACKER_QUIET)
     ctx.with_resource(warnings.catch_warnings())
     warnings.showwarning = _one_line_warning
 
