@@ -17,7 +17,7 @@ from cachebuild.config_file import apply_overrides, load_toml, naming_recipe
 from cachebuild.errors import ConfigError
 from cachebuild.format.codec import parse_codec
 from cachebuild.format.packing import DEFAULT_PACK
-from cachebuild.jobs import recipe_options
+from cachebuild.jobs import check_family_keys, recipe_options
 from cachebuild.recipes import parse_recipe
 from cachebuild.sources import DEFAULT_KIND, SourceKind, resolve_kind
 
@@ -52,11 +52,14 @@ def build_recipe(
     ``build_values`` are recipe keys set by flags or arguments (``{"build.codec": "none"}``; None: not
     given), applied after ``overrides`` as ``generate``'s flags are: a flag overrides the recipe."""
     path = None if isinstance(recipe, Mapping) else recipe
+    overrides = list(overrides)  # read twice (applied, then checked)
     with naming_recipe(path, overrides):
         kind, doc = read_recipe(recipe, overrides, {"seed": seed, **(build_values or {})})
         if records is not None:
             doc[kind.count_key] = records
         parsed = parse_recipe(doc, kind.count_key, kind.default_codec)
+        if kind.name == "causal":  # `cachebuild build` of a causal recipe, as `generate`
+            check_family_keys(parsed, overrides, build_values or {})
         source, count = kind.make(parsed)
         if append and count is not None:
             raise ConfigError(f"recipe kind {kind.name!r} reads a fixed set of inputs ({count} records): an append needs a generator (fresh records from fresh seeds)")

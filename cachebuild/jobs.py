@@ -11,7 +11,7 @@ from cachebuild.errors import ConfigError
 from cachebuild.builder.mel_source import mel_source_from
 from cachebuild.recipes import Recipe, load_recipe
 
-__all__ = ["run_causal_build", "run_mel_build", "recipe_options", "DEFAULT_GRAPHS"]
+__all__ = ["run_causal_build", "run_mel_build", "recipe_options", "check_family_keys", "DEFAULT_GRAPHS"]
 
 DEFAULT_GRAPHS = 10_000
 
@@ -72,7 +72,7 @@ def run_causal_build(
     with naming_recipe(config_path, overrides):
         recipe = load_recipe(config_path, overrides, values, count_key="graphs")
         _check_kind(recipe, "causal", config_path, "generate")
-        _check_family_keys(recipe, overrides, values)
+        check_family_keys(recipe, overrides, values)
         source, _ = KINDS["causal"].make(recipe)  # the same maker as `cachebuild build` with kind = "causal"
         opts = recipe_options(recipe, out, recipe.count or DEFAULT_GRAPHS, workers, backend, address, overwrite, progress, append, keep)
     return build_cache(source, opts, unit="graphs")
@@ -82,9 +82,10 @@ _FAMILY_OF_KEY = {"graph.edge_prob": "topo", "graph.expected_degree": "er", "gra
 """The graph family each size key applies to (the others ignore it)."""
 
 
-def _check_family_keys(recipe: Recipe, overrides: Iterable[str], values: Mapping[str, Any]) -> None:
+def check_family_keys(recipe: Recipe, overrides: Iterable[str], values: Mapping[str, Any]) -> None:
     """A family's size key given on the command line (``--edge-prob``, ``--set graph.m=3``) for a recipe of
-    another family would be ignored: refuse it in one line (a recipe file may spell out every key)."""
+    another family would be ignored: refuse it in one line (a recipe file may spell out every key). Both
+    ``generate`` and ``cachebuild build`` / :func:`cachebuild.build` of a causal recipe check it."""
     given = {k for k, v in values.items() if v is not None} | {o.split("=", 1)[0].strip() for o in overrides}
     graph = recipe.table.get("graph", {})
     family = graph.get("family", "topo") if isinstance(graph, dict) else "topo"

@@ -57,8 +57,9 @@ def test_a_state_saved_with_pools_of_1024_files_names_mix_or_resumes_where_the_p
     old = ShardStream(mel3k, view="mel", batch_size=BATCH, seed=1, mix=1024)
     it = iter(old)
     next(it)
-    with pytest.raises(CacheMismatchError, match=r"another plan \(view_options: saved .*'mix': 1024.*now .*'mix': 6553"):
+    with pytest.raises(CacheMismatchError, match=r"another plan \(view_options: saved .*'mix': 1024.*now .*'mix': 6553.*\); pass mix=1024 to resume it"):
         ShardStream(mel3k, view="mel", batch_size=BATCH, seed=1).load_state_dict(old.state_dict())
+    ShardStream(mel3k, view="mel", batch_size=BATCH, seed=1, mix=1024).load_state_dict(old.state_dict())  # (what the message says)
     small = build_mel_from_arrays(tmp_path / "small", 300, seed=4)  # at most 1,024 files: one pool either way
     old = ShardStream(small, view="mel", batch_size=512, seed=1, mix=1024)
     it = iter(old)

@@ -158,3 +158,19 @@ def test_a_state_saved_with_16_shard_windows_on_a_larger_cache_names_the_window(
     again = ShardStream(str(sorted_cache), view="mel", batch_size=BATCH, window=DEFAULT_WINDOW)
     again.load_state_dict(state)
     assert [_ids(b) for b in again] == rest
+
+
+def test_a_state_saved_on_the_local_cache_says_how_to_resume_it_over_http(sorted_cache: Path) -> None:
+    """A run checkpointed on a local cache (``window="auto"``: one window) and resumed from the same cache
+    served over HTTP (``"auto"``: 16-shard windows) was refused naming only ``window: saved None, now 16``,
+    a setting the user never gave; the message says which window resumes it, and that one does."""
+    from cachebuild.errors import CacheMismatchError
+    from remote_fixtures import serve_folder
+
+    state, rest = _state_after(ShardStream(str(sorted_cache), view="mel", batch_size=BATCH), 2)
+    with serve_folder(sorted_cache) as (url, _):
+        with pytest.raises(CacheMismatchError, match=r"\(window: saved None, now 16\); pass window=None to resume it \(the default window='auto'"):
+            ShardStream(url, view="mel", batch_size=BATCH).load_state_dict(state)
+        again = ShardStream(url, view="mel", batch_size=BATCH, window=None)
+        again.load_state_dict(state)
+        assert [_ids(b) for b in again] == rest

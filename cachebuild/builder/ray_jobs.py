@@ -35,10 +35,13 @@ from typing import Any, Callable, Iterator, Sequence
 from cachebuild.builder.cluster_check import ray_connect_env, ray_connects
 from cachebuild.errors import CacheBuildError, ConfigError
 
-__all__ = ["MAX_RETRIES", "STOP_WAIT_S", "ray_jobs"]
+__all__ = ["CPU_CHECK_S", "MAX_RETRIES", "STOP_WAIT_S", "ray_jobs"]
 
 STOP_WAIT_S = 120.0
 """How long a stopped Ray build waits for its running tasks to end before killing them."""
+CPU_CHECK_S = 5.0
+"""With ``workers=None``: how often a build looks at the cluster's CPUs again while no shard finishes
+(a head with no CPUs of its own runs one shard until worker nodes join; then as many as they have)."""
 MAX_RETRIES = 1
 """Ray's retries of a shard task whose process or node died (a shard is rebuilt from scratch: idempotent);
 a task that dies again fails the build in one line."""
@@ -100,19 +103,19 @@ def _ray_session(address: str | None) -> Iterator[Any]:
 
 def ray_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, address: str | None, workers: int | None) -> Iterator[Any]:
     """``fn(item, *args)`` for every item as one Ray task each, yielded as they finish; at most ``workers``
-    running (None: as many as the cluster has CPUs)."""
+    running (None: as many as the cluster has CPUs, counted again as shards finish and every
+    :data:`CPU_CHECK_S`, so worker nodes that join a running build, as an autoscaler's do, are used)."""
     import cloudpickle
 
     with _ray_session(address) as ray:
-        if workers is None:
-            workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_run_blob)
         jobs = iter([(item, cloudpickle.dumps((fn, item, args))) for item in items])
         pending: list[Any] = []
         item_of: dict[Any, Any] = {}
         try:
             while True:
-                while len(pending) < workers:
+                limit = workers if workers is not None else _cluster_cpus(ray)  # (nodes that join, or leave, count as they do)
+                while len(pending) < limit:
                     job = next(jobs, None)
                     if job is None:
                         break
@@ -121,7 +124,9 @@ def ray_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, address:
                     item_of[ref] = job[0]
                 if not pending:
                     return
-                done, pending = ray.wait(pending, num_returns=1)
+                done, pending = ray.wait(pending, num_returns=1, timeout=None if workers is not None else CPU_CHECK_S)
+                if not done:  # (only with workers=None: look at the cluster's CPUs again)
+                    continue
                 try:
                     result = ray.get(done[0])
                 except ray.exceptions.RayError as exc:  # the task's process or node died (its own exceptions come back as values)
@@ -134,6 +139,12 @@ def ray_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, address:
         finally:
             if pending:  # an error, an interrupt, a caller that left early
                 _stop(ray, pending)
+
+
+def _cluster_cpus(ray: Any) -> int:
+    """The CPUs the cluster has now (at least 1: a head started with ``--num-cpus=0`` whose workers an
+    autoscaler adds once there is work)."""
+    return max(1, int(ray.cluster_resources().get("CPU", 0)))
 
 
 def _stop(ray: Any, pending: list[Any]) -> None:

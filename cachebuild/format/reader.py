@@ -34,6 +34,7 @@ import numpy as np
 from cachebuild.errors import ManifestError, ShardCorruptError
 from cachebuild.format.index import load_index
 from cachebuild.format.index_check import check_index, check_member_keys
+from cachebuild.format.open_files import with_file_room
 from cachebuild.format.packing import tar_order
 from cachebuild.format.shared_frames import FrameLayout, coincides, frame_layout
 from cachebuild.format.manifest import Manifest, ShardEntry, read_manifest
@@ -268,7 +269,8 @@ class ShardSet:
         sh = self._open.get(s)
         if sh is None:
             entry = self.manifest.shards[s]
-            sh = self._open[s] = self.locator.open(s, lambda path, idx_path: open_shard(self.manifest, entry, path, idx_path, self.share(s)))
+            opener = lambda: self.locator.open(s, lambda path, idx_path: open_shard(self.manifest, entry, path, idx_path, self.share(s)))  # noqa: E731
+            sh = self._open[s] = with_file_room(opener, f"{self.root}/{entry.name}", len(self.manifest.shards))
             self.opens[s] += 1
         return sh
 
@@ -295,7 +297,8 @@ class ShardSet:
         index = self._indexes.get(s)
         if index is None:
             entry = self.manifest.shards[s]
-            index = self._indexes[s] = self.locator.open_index(s, lambda idx_path: load_checked_index(self.manifest, entry, idx_path, share=self.share(s)))
+            reader = lambda: self.locator.open_index(s, lambda idx_path: load_checked_index(self.manifest, entry, idx_path, share=self.share(s)))  # noqa: E731
+            index = self._indexes[s] = with_file_room(reader, f"{self.root}/{entry.index}", len(self.manifest.shards))
         return index
 
     def release(self, shards: Iterable[int] | None = None) -> None:
