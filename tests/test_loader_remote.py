@@ -52,24 +52,29 @@ class _Watch:
     in-flight downloads at their full reserved size (as the cache does), and bytes on disk.
 
     Files are counted once per inode: a download renamed into place while the folder is listed
-    may show under both names."""
+    may show under both names. Each sample lists the folder under the cache's own lock (as
+    ``reserve`` and ``commit`` change it): unlocked, a listing could see a file that ``reserve``
+    then evicted *and* the reservation made in its place, one shard over the limit that the folder
+    never held (a flake on a loaded machine, about 1 run in 5)."""
 
     def __init__(self, folder: Path, limit: int):
-        self.folder = LocalShardCache(folder, limit).folder
+        self._cache = LocalShardCache(folder, limit)
+        self.folder = self._cache.folder
         self.peak_reserved = self.peak_disk = self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> tuple[int, int]:
         held: dict[int, tuple[int, int]] = {}
-        for p in self.folder.iterdir():
-            try:
-                st = p.stat()
-            except FileNotFoundError:
-                continue
-            reserved = int(p.name.split("-")[1]) if p.name.startswith(".part-") else st.st_size
-            r, d = held.get(st.st_ino, (0, 0))
-            held[st.st_ino] = (max(r, reserved), max(d, st.st_size))
+        with self._cache._locked():
+            for p in self.folder.iterdir():
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                reserved = int(p.name.split("-")[1]) if p.name.startswith(".part-") else st.st_size
+                r, d = held.get(st.st_ino, (0, 0))
+                held[st.st_ino] = (max(r, reserved), max(d, st.st_size))
         return sum(r for r, _ in held.values()), sum(d for _, d in held.values())
 
     def _run(self) -> None:
