@@ -6,7 +6,7 @@ CACHE  ?= cache/causal
 DST    ?=
 GRAPHS ?= 5000
 
-.PHONY: help venv demo test test-fast lint types check bench bench-quick bench-deps gpu-check ramdisk-stage ramdisk-clean clean
+.PHONY: help venv demo test test-fast bench-smoke lint types check bench bench-quick bench-deps gpu-check ramdisk-stage ramdisk-clean clean
 
 help:
 	@echo "make demo            venv + install + build a small causal cache ($(GRAPHS) graphs) + verify + inspect"
@@ -15,6 +15,7 @@ help:
 	@echo "make types           mypy: cachebuild and loaders (strict on the loader, the format and the tools; pyproject.toml [tool.mypy])"
 	@echo "make check           what CI runs: lint, types, tests"
 	@echo "make bench           every benchmark of this tree, peers included (appends to benchmarks/RESULTS.md; ~25 min)"
+	@echo "make bench-smoke     the benchmark scripts in quick mode, with checks (tests/test_bench_quick.py; CI runs it after test)"
 	@echo "make bench-quick     every benchmark in its quick mode (BENCH_QUICK=1: tiny caches, short runs, nothing recorded; < 2 min)"
 	@echo "make gpu-check       on a CUDA machine: the gpu tests + benchmarks/bench_gpu.py -> benchmarks/gpu-check/gpu-check.md"
 	@echo "make ramdisk-stage   copy CACHE=$(CACHE) into /dev/shm/cachebuild/<name> and verify it"
@@ -38,7 +39,11 @@ demo: venv
 	$(BIN)/cachebuild inspect cache/demo
 
 test: venv
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -m "not bench_smoke"
+
+# The benchmark scripts end to end in quick mode, with checks (tests/test_bench_quick.py); CI runs it after `test`.
+bench-smoke: venv
+	$(BIN)/python -m pytest -q -m bench_smoke
 
 lint: venv
 	$(BIN)/ruff check cachebuild loaders tests benchmarks examples
@@ -47,7 +52,7 @@ lint: venv
 types: venv
 	$(BIN)/mypy
 
-check: lint types test
+check: lint types test bench-smoke
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow and not dist"

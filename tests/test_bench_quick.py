@@ -1,5 +1,8 @@
 """`make bench` still runs end to end: every benchmark script in its quick mode (BENCH_QUICK=1).
 
+The quick runs are marked ``bench_smoke``: benchmarks are not part of the test suite (`make test`
+leaves them out), CI runs them after it (`make bench-smoke`), and a plain ``pytest`` runs everything.
+
 Quick mode (benchmarks/_results.py) gives each script tiny inputs and short
 measurements and records nothing in RESULTS.md; a peer whose package is missing
 is skipped with a printed note. The scripts run as `make bench` runs them:
@@ -36,6 +39,7 @@ def test_the_makefile_runs_these():
 
 
 @pytest.mark.slow
+@pytest.mark.bench_smoke
 @pytest.mark.parametrize("name", QUICK)
 def test_quick_mode_runs(name):
     r = _run(name)
