@@ -36,6 +36,7 @@ unchanged: a pure function of integers, every item once, O(1) resume.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 import numpy as np
@@ -269,12 +270,12 @@ class EpochPlan:
         """Global batches in the epoch."""
         return num_batches(self.total, self.batch_size, self.drop_last)
 
-    @property
+    @cached_property
     def pool_size(self) -> int:
         """The most records of one pool (0: not mixed)."""
         return int(np.diff(self.pools).max()) if self.pools is not None else 0
 
-    @property
+    @cached_property
     def pool_span(self) -> int:
         """The most pools one batch touches (0: not mixed)."""
         return max_pools_per_batch(np.diff(self.pool_items), self.batch_size) if self.pool_items is not None else 0
@@ -338,23 +339,29 @@ class EpochPlan:
             records, items, is_pad, slot = records[perm], items[perm], is_pad[perm], slot[perm]
         return BatchItems(b, records, items, is_pad, unique, slot, _first_rows(slot, len(unique), B))
 
-    def _mixed_rows(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows of batch ``b`` of a mixed plan: ``(record position, item, is_pad)``, in batch order."""
+    def _mixed_rows(self, b: int, pool_of: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of batch ``b`` of a mixed plan: ``(record position, item, is_pad)``, in batch order; ``pool_of``
+        (``batch_size`` integers), if given, gets each row's pool, in the same order."""
         B, total = self.batch_size, self.total
         assert self.pools is not None and self.pool_items is not None, "a mixed plan has pools"
-        is_pad = b * B + np.arange(B, dtype=np.int64) >= total
-        rec, items = locate_stream(self.pool_items, self.table, total, b * B, B)
+        padded = (b + 1) * B > total  # only the epoch's last batches repeat items
+        is_pad = b * B + np.arange(B, dtype=np.int64) >= total if padded else np.zeros(B, dtype=bool)
+        rec, items = locate_stream(self.pool_items, self.table, total, b * B, B, pool_of)
         if self.chunk > 1:  # a chunk's rows spread over the batch (single items are in random order already)
             perm = in_batch_permutation(self.seed, self.epoch, b, B)
-            rec, items, is_pad = rec[perm], items[perm], is_pad[perm]
+            rec, items = rec[perm], items[perm]
+            if padded:
+                is_pad = is_pad[perm]
+            if pool_of is not None:
+                pool_of[...] = pool_of[perm]
         return rec, items, is_pad
 
     def pool_rows(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Rows of batch ``b`` of a mixed plan as ``(pool, place in the pool, item, is_pad)``: the rows of
         :meth:`batch`, without their distinct records (what ``twins`` ``compact="pool"`` sends)."""
-        rec, items, is_pad = self._mixed_rows(b)
         assert self.pools is not None, "a mixed plan has pools"
-        pool = np.searchsorted(self.pools, rec, side="right") - 1
+        pool = np.empty(self.batch_size, np.int64)
+        rec, items, is_pad = self._mixed_rows(b, pool)
         return pool, rec - self.pools[pool], items, is_pad
 
     def _mixed_batch(self, b: int) -> BatchItems:

@@ -127,10 +127,11 @@ def pool_table(items: np.ndarray, first: int, chunk: int, rng: np.random.Generat
     return PoolTable(rec + first, start, cum)
 
 
-def locate_stream(pool_items: np.ndarray, table: Callable[[int], PoolTable], total: int, start: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+def locate_stream(pool_items: np.ndarray, table: Callable[[int], PoolTable], total: int, start: int, size: int, pool_of: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(record position, item index)`` of the stream positions ``start, ..., start + size - 1`` (cyclic over
     ``total``), located through the permuted chunks (``table(q)``) of the pools they fall in: runs of
-    consecutive positions inside one pool, two searches and a repeat per run."""
+    consecutive positions inside one pool, two searches and a repeat per run. ``pool_of`` (``size``
+    integers), if given, gets each position's pool (the run's: no search per position)."""
     rec, items = np.empty(size, np.int64), np.empty(size, np.int64)
     row, p = 0, start
     while row < size:  # runs of consecutive positions inside one pool (the stream wraps at its end)
@@ -139,6 +140,8 @@ def locate_stream(pool_items: np.ndarray, table: Callable[[int], PoolTable], tot
         n = min(size - row, total - a, int(pool_items[q + 1]) - a)
         lo = a - int(pool_items[q])
         rec[row : row + n], items[row : row + n] = table(q).locate_range(lo, lo + n)
+        if pool_of is not None:
+            pool_of[row : row + n] = q
         row, p = row + n, p + n
     return rec, items
 
