@@ -340,8 +340,7 @@ class EpochPlan:
         return BatchItems(b, records, items, is_pad, unique, slot, _first_rows(slot, len(unique), B))
 
     def _mixed_rows(self, b: int, pool_of: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows of batch ``b`` of a mixed plan: ``(record position, item, is_pad)``, in batch order; ``pool_of``
-        (``batch_size`` integers), if given, gets each row's pool, in the same order."""
+        """Rows of batch ``b`` of a mixed plan: ``(record position, item, is_pad)``, in batch order (``pool_of``: each row's pool)."""
         B, total = self.batch_size, self.total
         assert self.pools is not None and self.pool_items is not None, "a mixed plan has pools"
         padded = (b + 1) * B > total  # only the epoch's last batches repeat items
