@@ -1,0 +1,68 @@
+"""Review as a new user (2026-11-24): loader mistakes a newcomer plausibly makes get one clear line.
+
+The users' own trainers build ``DataLoader(dataset, batch_size=args.batch_size, ...)``; given a
+``ShardStream`` (which makes whole batches) that used to stack batches silently into
+``[n, batch_size, ...]`` (``[1, batch_size, ...]`` with DataLoader's default ``batch_size=1``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from cachebuild import FunctionSource, build
+from cachebuild.errors import CacheMismatchError
+from loader_fixtures import build_causal
+from loaders import ShardStream
+
+BATCH = 16
+
+
+def _record(rng: np.random.Generator, index: int) -> dict[str, np.ndarray]:
+    return {"x": rng.standard_normal(4).astype(np.float32), "y": np.array(index, dtype=np.int64)}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("newuser") / "cache"
+    build(FunctionSource.per_record(_record, {"x": "float32", "y": "int64"}), out, records=100, workers=1, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"batch_size": 4}], ids=["default-batch_size", "batch_size-4"])
+def test_dataloader_with_a_batch_size_is_refused_in_one_line(cache, kwargs):
+    loader = DataLoader(ShardStream(cache, view="records", batch_size=BATCH), **kwargs)
+    n = kwargs.get("batch_size", 1)
+    with pytest.raises(TypeError, match=rf"^a DataLoader with a batch_size would stack {n} whole batches .* pass DataLoader\(stream, batch_size=None\)") as info:
+        next(iter(loader))
+    assert "\n" not in str(info.value)
+
+
+def test_dataloader_with_a_batch_size_is_refused_from_a_worker(cache):
+    loader = DataLoader(ShardStream(cache, view="records", batch_size=BATCH), batch_size=4, num_workers=1)
+    with pytest.raises(TypeError, match=r"would stack 4 whole batches of a ShardStream.*batch_size=None"):
+        next(iter(loader))
+
+
+def test_dataloader_with_batch_size_none_still_yields_the_streams_batches(cache):
+    batch = next(iter(DataLoader(ShardStream(cache, view="records", batch_size=BATCH), batch_size=None)))
+    assert batch["x"].shape == (BATCH, 4) and batch["y"].dtype == torch.int64
+    # a user's own collate_fn is theirs to keep: only the default collate is refused
+    pairs = next(iter(DataLoader(ShardStream(cache, view="records", batch_size=BATCH), batch_size=2, collate_fn=list)))
+    assert len(pairs) == 2 and pairs[0]["x"].shape == (BATCH, 4)
+
+
+def test_resume_into_another_view_gives_no_mix_hint(tmp_path):
+    """A state saved under one view, loaded into another: the message names the views and does not
+    suggest ``mix=`` (which cannot make a ``graphs`` state load into a ``twins`` stream)."""
+    causal = build_causal(tmp_path / "causal", graphs=20)
+    saved = ShardStream(causal, view="graphs", batch_size=4, seed=0)
+    next(iter(saved))
+    state = saved.state_dict()
+    with pytest.raises(CacheMismatchError, match=r"view: saved 'graphs', now 'twins'") as info:
+        ShardStream(causal, view="twins", batch_size=64, seed=0).load_state_dict(state)
+    assert "mix=" not in str(info.value)
