@@ -66,3 +66,25 @@ def test_resume_into_another_view_gives_no_mix_hint(tmp_path):
     with pytest.raises(CacheMismatchError, match=r"view: saved 'graphs', now 'twins'") as info:
         ShardStream(causal, view="twins", batch_size=64, seed=0).load_state_dict(state)
     assert "mix=" not in str(info.value)
+
+
+def _users_h5(path: Path, files: int = 4) -> Path:
+    """The users' layout as their builder writes it: labels, stored mels, the label mapping."""
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("labels", data=np.array([0, 1] * (files // 2), np.int16))
+        f.create_dataset("segments_mel", data=np.zeros((files, 40, 2, 64, 1), np.float16))
+        f.attrs["label2id_json"] = '{"LEAK": 0, "NOLEAK": 1}'
+    return path
+
+
+@pytest.mark.parametrize("name", ["lab", ""])
+def test_h5_labels_dataset_not_found_names_flag_and_the_files_datasets(tmp_path, name):
+    """Like a renamed mel or waveform dataset (was: ``no labels dataset 'lab'`` and nothing more)."""
+    from cachebuild.errors import SourceError
+    from cachebuild.mel.config import MelConfig
+    from cachebuild.mel.h5 import H5Source
+
+    path = _users_h5(tmp_path / "leaks.h5")
+    with pytest.raises(SourceError, match=rf"^{path}: no labels dataset '{name}' \(--h5-dataset labels=NAME names it\); the file has: labels, segments_mel$"):
+        H5Source(path, MelConfig(), datasets={"labels": name})

@@ -86,7 +86,8 @@ class H5Source:
         self._wave_ds = self._dataset(f, "waveform")
         labels_name = self.datasets["labels"]
         if labels_name is None or labels_name not in f:
-            raise SourceError(f"{self.path}: no labels dataset '{labels_name}'")
+            has = ", ".join(sorted(f.keys())) or "no datasets"
+            raise SourceError(f"{self.path}: no labels dataset '{labels_name or ''}' (--h5-dataset labels=NAME names it); the file has: {has}")
         if self._mel_ds is None and self._wave_ds is None:
             raise SourceError(f"{self.path}: neither '{self.datasets['mel']}' nor '{self.datasets['waveform']}' dataset found")
         raw_labels = np.asarray(f[labels_name][...]).reshape(-1)
