@@ -215,6 +215,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         asked for. A new epoch starts at its beginning; the epoch of a loaded
         state keeps its position. Reaches DataLoader workers, persistent or not.
         """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):  # "1" used to fail deep in a comparison
+            raise ValueError(f"epoch must be a whole number, got {epoch!r}")
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         p = self._progress

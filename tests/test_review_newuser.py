@@ -7,6 +7,7 @@ The users' own trainers build ``DataLoader(dataset, batch_size=args.batch_size, 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +89,14 @@ def test_h5_labels_dataset_not_found_names_flag_and_the_files_datasets(tmp_path,
     path = _users_h5(tmp_path / "leaks.h5")
     with pytest.raises(SourceError, match=rf"^{path}: no labels dataset '{name}' \(--h5-dataset labels=NAME names it\); the file has: labels, segments_mel$"):
         H5Source(path, MelConfig(), datasets={"labels": name})
+
+
+@pytest.mark.parametrize("epoch", ["1", 1.0, None, True])
+def test_set_epoch_takes_whole_numbers_only(cache, epoch):
+    """``set_epoch("1")`` (an epoch read from a command line) was a ``'<' not supported`` TypeError."""
+    with pytest.raises(ValueError, match=rf"^epoch must be a whole number, got {re.escape(repr(epoch))}$"):
+        ShardStream(cache, view="records", batch_size=BATCH).set_epoch(epoch)
+    stream = ShardStream(cache, view="records", batch_size=BATCH)
+    stream.set_epoch(np.int64(3))
+    next(iter(stream))
+    assert stream.epoch == 3
