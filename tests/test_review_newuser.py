@@ -100,3 +100,16 @@ def test_set_epoch_takes_whole_numbers_only(cache, epoch):
     stream.set_epoch(np.int64(3))
     next(iter(stream))
     assert stream.epoch == 3
+
+
+def test_a_recipe_with_params_against_a_cache_without_names_the_param_only():
+    """README's ``python mydata.py`` (a source without params), then ``cachebuild build --config mine.toml
+    --append`` (``[params] length = 64``): the refusal said ``config.params: cache {}, this build (not set)``
+    next to ``config.params.length: cache (not set), this build 64``, as if the build had no params."""
+    from cachebuild.builder.mismatch import describe_differences
+
+    cache = {"config": {"params": {}, "fn": "mydata:impulse"}, "seed": 0}
+    this = {"config": {"params": {"length": 64}, "fn": "mydata:impulse"}, "seed": 0}
+    assert describe_differences(cache, this) == "config.params.length: cache (not set), this build 64"
+    assert describe_differences(this, cache) == "config.params.length: cache 64, this build (not set)"
+    assert describe_differences({"config": {"params": {}}}, {"config": {"params": 3}}) == "config.params: cache {}, this build 3"
