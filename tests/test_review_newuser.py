@@ -8,6 +8,8 @@ The users' own trainers build ``DataLoader(dataset, batch_size=args.batch_size, 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -113,3 +115,13 @@ def test_a_recipe_with_params_against_a_cache_without_names_the_param_only():
     assert describe_differences(cache, this) == "config.params.length: cache (not set), this build 64"
     assert describe_differences(this, cache) == "config.params.length: cache 64, this build (not set)"
     assert describe_differences({"config": {"params": {}}}, {"config": {"params": 3}}) == "config.params: cache {}, this build 3"
+
+
+def test_missing_h5_file_or_wav_folder_is_a_short_line(tmp_path):
+    """A typo in ``--from-h5`` gave h5py's five clauses of C error state; in ``--from-wav``, "not a directory"."""
+    for args, line in (
+        (["--from-h5", str(tmp_path / "leaks.h5")], f"error: {tmp_path / 'leaks.h5'}: no such file\n"),
+        (["--from-wav", str(tmp_path / "data")], f"error: {tmp_path / 'data'}: no such folder\n"),
+    ):
+        proc = subprocess.run([sys.executable, "-m", "cachebuild", "mel", *args, "--out", str(tmp_path / "cache"), "-q"], capture_output=True, text=True, timeout=120)
+        assert (proc.returncode, proc.stderr) == (6, line)

@@ -137,6 +137,8 @@ class H5Source:
             try:
                 self._file = h5py.File(self.path, "r", rdcc_nbytes=self.RDCC_NBYTES, rdcc_nslots=self.RDCC_NSLOTS, rdcc_w0=1.0)
             except OSError as exc:
+                if not os.path.exists(self.path):  # h5py's own text is five clauses of C error state
+                    raise SourceError(f"{self.path}: no such file") from exc
                 raise SourceError(f"{self.path}: cannot open HDF5 file: {exc}") from exc
             self._pid = os.getpid()
         return self._file

@@ -81,7 +81,7 @@ class WavFolderSource:
         self.root = Path(root)
         self.cfg = cfg
         if not self.root.is_dir():
-            raise SourceError(f"{self.root}: not a directory")
+            raise SourceError(f"{self.root}: " + ("not a directory" if self.root.exists() else "no such folder"))
         folders = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith(".") and not holds_cache(d))
         if not folders:
             raise SourceError(f"{self.root}: no label subfolders")
