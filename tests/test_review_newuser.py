@@ -125,3 +125,15 @@ def test_missing_h5_file_or_wav_folder_is_a_short_line(tmp_path):
     ):
         proc = subprocess.run([sys.executable, "-m", "cachebuild", "mel", *args, "--out", str(tmp_path / "cache"), "-q"], capture_output=True, text=True, timeout=120)
         assert (proc.returncode, proc.stderr) == (6, line)
+
+
+def test_a_file_given_for_the_cache_names_its_folder(cache, tmp_path):
+    """``ShardStream("cache/x/manifest.json")`` said ``cannot read cache/x/manifest.json/manifest.json: Not a directory``."""
+    from cachebuild.errors import ManifestError
+
+    for name in ("manifest.json", "shard-00000.tar"):
+        with pytest.raises(ManifestError, match=rf"^{re.escape(str(cache / name))} is a file, not a cache folder: pass its folder, {re.escape(str(cache))}$"):
+            ShardStream(cache / name, view="records", batch_size=BATCH)
+    (tmp_path / "leaks.h5").write_bytes(b"")
+    with pytest.raises(ManifestError, match=r"leaks.h5 is a file, not a cache folder \(a cache is a folder holding manifest.json\)$"):
+        ShardStream(tmp_path / "leaks.h5", view="records", batch_size=BATCH)
