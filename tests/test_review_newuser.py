@@ -137,3 +137,12 @@ def test_a_file_given_for_the_cache_names_its_folder(cache, tmp_path):
     (tmp_path / "leaks.h5").write_bytes(b"")
     with pytest.raises(ManifestError, match=r"leaks.h5 is a file, not a cache folder \(a cache is a folder holding manifest.json\)$"):
         ShardStream(tmp_path / "leaks.h5", view="records", batch_size=BATCH)
+
+
+@pytest.mark.parametrize("remote", [{"cache_dir": "/tmp/x"}, "/tmp/x", True])
+def test_remote_options_of_another_type_are_one_line(cache, remote):
+    """``remote={"cache_dir": ...}`` on an http:// cache was an ``AttributeError`` in the first fetch."""
+    with pytest.raises(TypeError, match=r"^remote must be a loaders.remote.RemoteOptions or None, got (dict|str|bool) .*: pass remote=RemoteOptions\("):
+        ShardStream("http://127.0.0.1:9/cache", view="records", batch_size=BATCH, remote=remote)
+    with pytest.raises(TypeError, match=r"^remote must be"):  # refused for a local cache too, not ignored
+        ShardStream(cache, view="records", batch_size=BATCH, remote=remote)
