@@ -300,7 +300,7 @@ def _refuse_collate(batch: list[Any], *, collate_fn_map: Any = None) -> Any:
     """A DataLoader's default collate, given batches of a :class:`ShardStream`: one line instead of
     a silent ``[n, batch_size, ...]`` stack (``DataLoader(stream)`` has ``batch_size=1``)."""
     raise TypeError(
-        f"a DataLoader with a batch_size would stack {len(batch)} whole batches of a ShardStream into one "
+        f"a DataLoader with a batch_size would stack {len(batch)} of a ShardStream's batches into one [{len(batch)}, batch_size, ...] "
         "(DataLoader's default batch_size is 1): the stream makes the batches; pass DataLoader(stream, batch_size=None) "
         "or use loaders.make_loader(stream), and set the size with ShardStream(..., batch_size=N)"
     )

@@ -40,14 +40,16 @@ def cache(tmp_path_factory) -> Path:
 def test_dataloader_with_a_batch_size_is_refused_in_one_line(cache, kwargs):
     loader = DataLoader(ShardStream(cache, view="records", batch_size=BATCH), **kwargs)
     n = kwargs.get("batch_size", 1)
-    with pytest.raises(TypeError, match=rf"^a DataLoader with a batch_size would stack {n} whole batches .* pass DataLoader\(stream, batch_size=None\)") as info:
+    with pytest.raises(
+        TypeError, match=rf"^a DataLoader with a batch_size would stack {n} of a ShardStream's batches into one \[{n}, batch_size, \.\.\.\] .* pass DataLoader\(stream, batch_size=None\)"
+    ) as info:
         next(iter(loader))
     assert "\n" not in str(info.value)
 
 
 def test_dataloader_with_a_batch_size_is_refused_from_a_worker(cache):
     loader = DataLoader(ShardStream(cache, view="records", batch_size=BATCH), batch_size=4, num_workers=1)
-    with pytest.raises(TypeError, match=r"would stack 4 whole batches of a ShardStream.*batch_size=None"):
+    with pytest.raises(TypeError, match=r"would stack 4 of a ShardStream's batches into one \[4, batch_size.*batch_size=None"):
         next(iter(loader))
 
 
