@@ -7,6 +7,7 @@ The users' own trainers build ``DataLoader(dataset, batch_size=args.batch_size, 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -148,3 +149,18 @@ def test_remote_options_of_another_type_are_one_line(cache, remote):
         ShardStream("http://127.0.0.1:9/cache", view="records", batch_size=BATCH, remote=remote)
     with pytest.raises(TypeError, match=r"^remote must be"):  # refused for a local cache too, not ignored
         ShardStream(cache, view="records", batch_size=BATCH, remote=remote)
+
+
+def test_rerun_on_a_rewritten_input_notes_it(tmp_path):
+    """A same-shape rewrite of the HDF5 file left the rerun at "nothing to do", silently stale."""
+    h5 = _users_h5(tmp_path / "leaks.h5")
+    recipe = {"kind": "mel", "source": {"h5": str(h5)}}
+    out = tmp_path / "cache"
+    build(recipe, out, workers=1, progress=False)
+    again = build(recipe, out, workers=1, progress=False).lines()
+    assert again[0].endswith("nothing to do") and not any("modified" in line for line in again)
+    later = os.stat(out / "manifest.json").st_mtime_ns + 10**9
+    os.utime(h5, ns=(later, later))
+    lines = build(recipe, out, workers=1, progress=False).lines()
+    assert lines[0].endswith("nothing to do")
+    assert f"note: {h5} modified after this cache was built (its shape still matches the recipe, so nothing was rebuilt); pass --overwrite to rebuild from it" in lines

@@ -171,6 +171,10 @@ class H5Source:
         names = [id2name[int(v)] for v in raw]
         return dict(target), labels, names
 
+    def input_files(self) -> list[str]:
+        """The HDF5 file (for the builder's changed-input note)."""
+        return [self.path]
+
     # -- MelSource
     def __len__(self) -> int:
         return self._n

@@ -129,6 +129,10 @@ class WavFolderSource:
         labels = np.array([self.label2id[n] for n in names], dtype=np.int16)
         return build_records(self.cfg, start, mel, labels, [rel for rel, _, _ in block], names, seg)
 
+    def input_files(self) -> list[str]:
+        """The audio files read (for the builder's changed-input note)."""
+        return [str(self.root / rel) for rel, _, _ in self._files]
+
     def describe(self) -> dict[str, Any]:
         counts = {name: 0 for name in self.label2id}
         for _, name, _ in self._files:
