@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
+from torch.utils.data._utils.collate import default_collate_fn_map
 
 __all__ = ["Field", "Layout", "PackedBatch", "Batch", "torch_dtype"]
 
@@ -293,3 +294,18 @@ class PackedBatch:
 
     def keys(self) -> Iterator[str]:
         return (s[0] for s in self.spec)
+
+
+def _refuse_collate(batch: list[Any], *, collate_fn_map: Any = None) -> Any:
+    """A DataLoader's default collate, given batches of a :class:`ShardStream`: one line instead of
+    a silent ``[n, batch_size, ...]`` stack (``DataLoader(stream)`` has ``batch_size=1``)."""
+    raise TypeError(
+        f"a DataLoader with a batch_size would stack {len(batch)} of a ShardStream's batches into one [{len(batch)}, batch_size, ...] "
+        "(DataLoader's default batch_size is 1): the stream makes the batches; pass DataLoader(stream, batch_size=None) "
+        "or use loaders.make_loader(stream), and set the size with ShardStream(..., batch_size=N)"
+    )
+
+
+# torch's documented way to extend default_collate (its docstring): only collation of our batch
+# types is affected, and only when a DataLoader collates them at all (batch_size not None).
+default_collate_fn_map.update({Batch: _refuse_collate, PackedBatch: _refuse_collate})

@@ -39,7 +39,7 @@ from loaders.old_layout import sweep_old_layout
 
 T = TypeVar("T")
 
-__all__ = ["is_remote", "RemoteOptions", "fetch_manifest", "LocalShardCache", "ShardFetcher"]
+__all__ = ["is_remote", "RemoteOptions", "check_remote_options", "fetch_manifest", "LocalShardCache", "ShardFetcher"]
 
 _CHUNK = 4 << 20
 _URL_SAFE = ":/?#[]@!$&'()*+,;=%~"  # reserved characters and existing %-escapes stay as they are
@@ -95,6 +95,16 @@ class RemoteOptions:
             name = f"cachebuild-remote-{os.getuid()}"
             base = f"/dev/shm/{name}" if Path("/dev/shm").is_dir() else str(Path(tempfile.gettempdir()) / name)
         return Path(base) / "shards"
+
+
+def check_remote_options(value: object) -> RemoteOptions | None:
+    """``ShardStream(..., remote=value)`` checked where it enters: a :class:`RemoteOptions` or None, else
+    one ``TypeError`` line (a dict or a cache folder string failed later, deep in a fetch, as an
+    ``AttributeError``)."""
+    if value is None or isinstance(value, RemoteOptions):
+        return value
+    fix = "RemoteOptions(**that dict)" if isinstance(value, dict) else "RemoteOptions(cache_dir=...)"
+    raise TypeError(f"remote must be a loaders.remote.RemoteOptions or None, got {type(value).__name__} {value!r}: pass remote={fix}")
 
 
 def _open_url(url: str, opts: RemoteOptions) -> BinaryIO:

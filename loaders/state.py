@@ -146,8 +146,8 @@ def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str, sha
         detail = ", ".join(f"{k}: saved {theirs.get(k)!r}, now {mine.get(k)!r}" for k in diff)
         hint = f"; pass window={theirs.get('window')!r} to resume it (the default window='auto' is a full shuffle of a local cache, 16-shard windows of a remote one)" if "window" in diff else ""
         saved, now = theirs.get("view_options"), mine.get("view_options")
-        if "view_options" in diff and isinstance(saved, dict) and isinstance(now, dict) and saved.get("mix") != now.get("mix"):
-            hint += f"; pass mix={saved.get('mix')!r} to resume it (the mel view's default mix='auto' pools 64 MB of files)"
+        if "view" not in diff and "view_options" in diff and isinstance(saved, dict) and isinstance(now, dict) and saved.get("mix") != now.get("mix"):
+            hint += f"; pass mix={saved.get('mix')!r} to resume it" + (" (the mel view's default mix='auto' pools 64 MB of files)" if mine.get("view") == "mel" else "")
         raise CacheMismatchError(f"loader state was saved with another plan ({detail}){hint}")
     epoch, position = state.get("epoch"), state.get("position")
     if not isinstance(epoch, int) or not isinstance(position, int) or epoch < 0 or position < 0:

@@ -43,7 +43,7 @@ from loaders.mixgrow import load_generations, refresh_generations, stream_genera
 from loaders.mixture import Mixture, OpenMixture, mixture_root, open_mixture, refuse_single_cache_options
 from loaders.passes import Control, Progress
 from loaders.plan import EpochPlan, epoch_order
-from loaders.remote import RemoteOptions, fetch_manifest, is_remote
+from loaders.remote import RemoteOptions, check_remote_options, fetch_manifest, is_remote
 from loaders.shards import RemoteFiles
 from loaders.shared_pools import SharedPools
 from loaders.slots import SlotRings
@@ -78,7 +78,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         rank, world_size: override what ``torch.distributed`` says.
         remote: how to read a remote ``root`` (local cache folder and its size limit,
             prefetch, timeouts, retries, fsspec storage options); default
-            :class:`loaders.remote.RemoteOptions()`. Ignored for local caches.
+            :class:`loaders.remote.RemoteOptions()`. Ignored for local caches (but
+            anything other than a ``RemoteOptions`` or None is a ``TypeError``, whatever the cache).
         verify: ``"crc"`` (default: raw payloads' crc32 checked on every read) or ``"size"``
             (see :data:`cachebuild.format.reader.VERIFY_MODES`).
         decode_threads: zstd threads when iterating in the main process
@@ -111,6 +112,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     ):
         super().__init__()
         batch_size, seed, shuffle, drop_last = plan_args(batch_size, seed, shuffle, drop_last)
+        remote = check_remote_options(remote)
         self._open_root(mixture_root(root, view_options), remote)  # ShardStream([a, b], weights=...): a Mixture
         window = resolve_window(window, remote=any(map(is_remote, self.mixture.roots)) if self.mixture is not None else self.remote is not None)
         self.generation = generation_of(self.manifest)  # one cache's; a mixture's caches: self.generations
@@ -215,6 +217,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         asked for. A new epoch starts at its beginning; the epoch of a loaded
         state keeps its position. Reaches DataLoader workers, persistent or not.
         """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):  # "1" used to fail deep in a comparison
+            raise ValueError(f"epoch must be a whole number, got {epoch!r}")
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         p = self._progress

@@ -32,6 +32,7 @@ from cachebuild.builder.pack_choice import choose_pack, choose_share
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
 from cachebuild.builder.prepare import check_local, complete_read_only, prepare_out, read_only_folder, read_only_refusal
 from cachebuild.builder.source import RecordSource
+from cachebuild.builder.stale import changed_inputs_note
 from cachebuild.builder.stop import raise_if_stopped
 from cachebuild.checks import MAX_RECORDS, MAX_SHARDS
 from cachebuild.errors import ConfigError, OutputError, ShardCorruptError
@@ -250,7 +251,7 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
         doc = _fingerprint_doc(source, opts, per_shard)
         manifest = complete_read_only(out, _fingerprint(doc))
         if manifest is not None:
-            return _complete(out, manifest, t0)
+            return _complete(out, manifest, t0, source)
         raise read_only_refusal(out)
     check_local(out)
     with build_lock(out.path):
@@ -272,7 +273,7 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     fingerprint = _fingerprint(doc)
     state = prepare_out(out, doc, fingerprint, opts.overwrite)
     if state == "complete":
-        return _complete(out, Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location), t0)
+        return _complete(out, Manifest.from_json(out.read_bytes(MANIFEST_NAME), out.location), t0, source)
     notes: tuple[str, ...] = ()
     if state == "build":
         built, shards = _make(source, opts, out, plan, doc, fingerprint, unit)
@@ -289,11 +290,11 @@ def _build(source: RecordSource, opts: BuildOptions, out: Output, unit: str, t0:
     return BuildSummary(out.location, opts.records, len(plan), built, len(plan) - built, raw, stored, time.perf_counter() - t0, pack=opts.codec.pack, entries=tuple(shards), notes=notes)
 
 
-def _complete(out: Output, m: Manifest, t0: float) -> BuildSummary:
-    """The summary of a rerun that found its cache complete: nothing to do."""
+def _complete(out: Output, m: Manifest, t0: float, source: RecordSource) -> BuildSummary:
+    """The summary of a rerun that found its cache complete: nothing to do (and what may make it stale)."""
     raw, stored = sum(s.raw_bytes for s in m.shards), sum(s.bytes for s in m.shards)
-    note = staged_note(out)
-    return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack, entries=m.shards, notes=(note,) if note else ())
+    notes = (staged_note(out), changed_inputs_note(source, out.path, MANIFEST_NAME) if isinstance(out, LocalOutput) else None)
+    return BuildSummary(out.location, m.records, len(m.shards), 0, len(m.shards), raw, stored, time.perf_counter() - t0, True, pack=m.codec.pack, entries=m.shards, notes=tuple(n for n in notes if n))
 
 
 def _make(source: RecordSource, opts: BuildOptions, out: Output, plan: list[ShardSpec], doc: dict[str, Any], fingerprint: str, unit: str) -> tuple[int, list[ShardEntry]]:

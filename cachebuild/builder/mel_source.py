@@ -42,6 +42,11 @@ class MelBuildSource:
     def estimated_record_bytes(self) -> int:
         return estimated_record_bytes(self.cfg)
 
+    def input_files(self) -> list[str]:
+        """The files the records are read from (none for synthetic clips)."""
+        files = getattr(self.source, "input_files", None)
+        return list(files()) if files is not None else []
+
     def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
         for a in range(start, stop, MEL_BLOCK_FILES):
             yield self.source.records(a, min(a + MEL_BLOCK_FILES, stop))

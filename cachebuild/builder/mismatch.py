@@ -54,6 +54,9 @@ def describe_differences(cache: dict[str, Any], this: dict[str, Any]) -> str:
         if "codec.name" in side:
             side.setdefault("codec.pack", 1)
             side.setdefault("codec.share", 0)  # (and one whose entries have their own frames, its share)
+    for side, other in ((old, new), (new, old)):  # an empty table whose keys the other side sets: name those keys only
+        for key in [k for k, v in side.items() if v == {} and any(o.startswith(f"{k}.") for o in other)]:
+            del side[key]
     missing = object()
     diffs = [
         f"{key}: cache {_show(old.get(key, missing), missing)}, this build {_show(new.get(key, missing), missing)}"

@@ -190,6 +190,10 @@ def read_manifest(root: str | Path) -> Manifest:
     except FileNotFoundError as exc:
         hint = _missing_manifest_hint(Path(root))
         raise ManifestError(f"no cache manifest at {path}{hint}") from exc
+    except NotADirectoryError as exc:  # the manifest or a shard given for its cache
+        parent = Path(root).parent
+        hint = f": pass its folder, {parent}" if (parent / MANIFEST_NAME).is_file() else f" (a cache is a folder holding {MANIFEST_NAME})"
+        raise ManifestError(f"{root} is a file, not a cache folder{hint}") from exc
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
     return Manifest.from_json(data, str(root))

@@ -86,7 +86,8 @@ class H5Source:
         self._wave_ds = self._dataset(f, "waveform")
         labels_name = self.datasets["labels"]
         if labels_name is None or labels_name not in f:
-            raise SourceError(f"{self.path}: no labels dataset '{labels_name}'")
+            has = ", ".join(sorted(f.keys())) or "no datasets"
+            raise SourceError(f"{self.path}: no labels dataset '{labels_name or ''}' (--h5-dataset labels=NAME names it); the file has: {has}")
         if self._mel_ds is None and self._wave_ds is None:
             raise SourceError(f"{self.path}: neither '{self.datasets['mel']}' nor '{self.datasets['waveform']}' dataset found")
         raw_labels = np.asarray(f[labels_name][...]).reshape(-1)
@@ -136,6 +137,8 @@ class H5Source:
             try:
                 self._file = h5py.File(self.path, "r", rdcc_nbytes=self.RDCC_NBYTES, rdcc_nslots=self.RDCC_NSLOTS, rdcc_w0=1.0)
             except OSError as exc:
+                if not os.path.exists(self.path):  # h5py's own text is five clauses of C error state
+                    raise SourceError(f"{self.path}: no such file") from exc
                 raise SourceError(f"{self.path}: cannot open HDF5 file: {exc}") from exc
             self._pid = os.getpid()
         return self._file
@@ -167,6 +170,10 @@ class H5Source:
         labels = np.array([lut[int(v)] for v in raw], dtype=np.int16)
         names = [id2name[int(v)] for v in raw]
         return dict(target), labels, names
+
+    def input_files(self) -> list[str]:
+        """The HDF5 file (for the builder's changed-input note)."""
+        return [self.path]
 
     # -- MelSource
     def __len__(self) -> int:

@@ -81,7 +81,7 @@ class WavFolderSource:
         self.root = Path(root)
         self.cfg = cfg
         if not self.root.is_dir():
-            raise SourceError(f"{self.root}: not a directory")
+            raise SourceError(f"{self.root}: " + ("not a directory" if self.root.exists() else "no such folder"))
         folders = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith(".") and not holds_cache(d))
         if not folders:
             raise SourceError(f"{self.root}: no label subfolders")
@@ -128,6 +128,10 @@ class WavFolderSource:
         names = [name for _, name, _ in block]
         labels = np.array([self.label2id[n] for n in names], dtype=np.int16)
         return build_records(self.cfg, start, mel, labels, [rel for rel, _, _ in block], names, seg)
+
+    def input_files(self) -> list[str]:
+        """The audio files read (for the builder's changed-input note)."""
+        return [str(self.root / rel) for rel, _, _ in self._files]
 
     def describe(self) -> dict[str, Any]:
         counts = {name: 0 for name in self.label2id}
