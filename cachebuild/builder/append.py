@@ -188,7 +188,7 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
     try:
         own_process = opts.backend != "threading" and not (opts.backend == "loky" and min(opts.workers or os.cpu_count() or 1, len(todo)) <= 1)
         args = (source, seed, out, opts.codec, fingerprint, opts.sync, own_process)
-        for shard in run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address):
+        for shard in run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address, quiet=not opts.progress):
             done[_index_of(shard)] = shard
             bar.update(shard.records)
     finally:
