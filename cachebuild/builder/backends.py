@@ -1,7 +1,8 @@
 """Run shard jobs on loky (local processes) or threads of the calling process, on a Dask cluster, or on Ray.
 
 Threads: a pool of the build's own that, when a shard fails or the build is interrupted, drops
-the shards not started and waits for those being written before the error leaves the build
+the shards not started, tells those being written to stop at their next block without publishing
+(as on Dask), and waits for them before the error leaves the build
 (joblib's threading backend returned at once while its threads went on writing shards, outside
 the build lock, with the process's GC threshold still raised for them: :mod:`cachebuild.builder.collector`).
 
@@ -49,7 +50,7 @@ import signal
 import threading
 import uuid
 import warnings
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from typing import Any, Callable, Iterator, Sequence
 
 from cachebuild.builder.orphan import exit_with_parent
@@ -226,7 +227,7 @@ def _stop_dask_jobs(client: Any, futures: list[Any], token: str) -> None:
     running = [f for f in futures if f.key in handed and not f.done()]
     try:
         if not _all_done(client, running, QUIET_WAIT_S):
-            announce_wait(_executing(client, running), "to stop at their next block on the Dask cluster (they publish nothing)")
+            announce_wait(_executing(client, running) or sum(not f.done() for f in running), "to stop at their next block on the Dask cluster (they publish nothing)")
             if not _all_done(client, running, STOP_WAIT_S):
                 left = sum(not f.done() for f in running)
                 warnings.warn(f"{left} shard task(s) still running on the Dask cluster {STOP_WAIT_S:.0f} s after the build stopped; they will not publish their shards", RuntimeWarning, stacklevel=3)
@@ -259,16 +260,31 @@ def _all_done(client: Any, futures: list[Any], timeout: float) -> bool:
 def _thread_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, n: int) -> Iterator[Any]:
     """``fn(item, *args)`` on ``n`` threads, in completion order; on an error (or the caller's
     interrupt, or the caller leaving early) the jobs not started are cancelled and the running
-    ones waited for, so nothing writes after this returns."""
+    ones stop at their next block without publishing (:mod:`cachebuild.builder.stop`; they used to
+    finish their shard: a minute at 256 MB, in silence) and are waited for, so nothing writes after
+    this returns."""
+    stop = threading.Event()
+
+    def job(item: Any) -> Any:
+        with stop_check(stop.is_set):
+            try:
+                return fn(item, *args)
+            except BuildStopped:
+                return _Stopped()
+
     with ThreadPoolExecutor(n, thread_name_prefix="cachebuild-shard") as pool:
-        futures = [pool.submit(fn, item, *args) for item in items]
+        futures = [pool.submit(job, item) for item in items]
         try:
             for fut in as_completed(futures):
                 yield fut.result()
         finally:
-            for fut in futures:
-                fut.cancel()
-        # (leaving the with-block joins the threads: the running shards finish first)
+            if not all(fut.done() for fut in futures):
+                stop.set()
+                started = [fut for fut in futures if not fut.cancel()]  # (a cancelled future counts as done for wait() only once a thread drew it)
+                _, running = wait(started, timeout=QUIET_WAIT_S)
+                if running:
+                    announce_wait(len(running), "to stop at their next block (they publish nothing)")
+        # (leaving the with-block joins the threads: each stops at its next block)
 
 
 def _loky_job(fn: Callable[..., Any], item: Any, *args: Any) -> Any:
