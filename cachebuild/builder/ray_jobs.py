@@ -16,9 +16,10 @@ Why tasks and not Ray's joblib backend (which the build used before):
   nothing it started writes after it returns. A running shard finishes and is published
   whole (the rerun keeps it); one still running after the wait, or at a Ctrl-C during it, is
   killed (``force=True``) and publishes nothing (its temporary file stays until the next build
-  of the folder removes it; renames are atomic, so no half shard is ever under a final name). They are not cancelled with Ray's ``KeyboardInterrupt``: in Ray
-  2.60 cancelling a task as it completes crashed the driver ("Tried to complete task that
-  was not pending"), seen once in three interrupted builds.
+  of the folder removes it; renames are atomic, so no half shard is ever under a final name).
+  They are not cancelled with Ray's ``KeyboardInterrupt``: in Ray 2.60 cancelling a task as it
+  completes crashed the driver ("Tried to complete task that was not pending"), seen once in
+  three interrupted builds.
 
 Ray's own log lines in this process (``ray.init``'s "Started a local Ray instance", "Connecting to
 existing Ray cluster", the note that token authentication is on for the local Ray it starts) are
