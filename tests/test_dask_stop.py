@@ -172,7 +172,7 @@ def test_ctrl_c_in_a_terminal_stops_the_builds_own_cluster_promptly(tmp_path):
         hold.unlink(missing_ok=True)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.communicate()  # (its pipes closed)
     assert proc.returncode == 130 and err == "interrupted: rerun the same command to resume\n", err[-4000:]
     assert took < 30, took
     assert not [p.name for p in out.iterdir() if p.name.startswith("shard-")], sorted(out.iterdir())  # nothing published, temporary files removed

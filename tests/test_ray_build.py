@@ -105,6 +105,13 @@ def _wait_for(check, what: str, timeout: float = 120) -> None:
         time.sleep(0.02)
 
 
+def _end(proc: subprocess.Popen) -> None:
+    """A build a failed test left running: killed with its process group, its pipes closed."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
 def _running_shards(out: Path) -> bool:
     return out.is_dir() and any(is_tmp_name(p) for p in out.iterdir())
 
@@ -177,9 +184,7 @@ def test_ctrl_c_stops_the_ray_tasks(tmp_path: Path, clean_build: tuple[Path, dic
         _, err = proc.communicate(timeout=200)
     finally:
         hold.unlink(missing_ok=True)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _end(proc)
     assert proc.returncode == EXIT_INTERRUPTED, err[-4000:]
     assert err == "interrupted: rerun the same command to resume\n", err[-4000:]  # (the shards it waited for were kept, not killed)
     _nothing_after_return(out)
@@ -207,9 +212,7 @@ def test_a_second_ctrl_c_leaves_at_once(tmp_path: Path, clean_build: tuple[Path,
         took = time.monotonic() - t0
     finally:
         hold.unlink()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _end(proc)
     assert proc.returncode == EXIT_INTERRUPTED, err[-4000:]
     assert took < 20, took  # (Ray's shutdown: about 2 s)
     assert "2 shard task(s) still running on Ray at Ctrl-C were killed" in err and err.endswith("interrupted: rerun the same command to resume\n"), err[-4000:]

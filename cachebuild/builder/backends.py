@@ -51,7 +51,7 @@ import threading
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed, wait
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence
 
 from cachebuild.builder.orphan import exit_with_parent
 from cachebuild.builder.stop import BuildStopped, announce_wait, stop_check
@@ -281,9 +281,10 @@ def _thread_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, n: i
             if not all(fut.done() for fut in futures):
                 stop.set()
                 started = [fut for fut in futures if not fut.cancel()]  # (a cancelled future counts as done for wait() only once a thread drew it)
-                _, running = wait(started, timeout=QUIET_WAIT_S)
-                if running:
-                    announce_wait(len(running), "to stop at their next block (they publish nothing)")
+                with contextlib.suppress(KeyboardInterrupt):  # (a second Ctrl-C: the threads stop at their next block anyway)
+                    _, running = wait(started, timeout=QUIET_WAIT_S)
+                    if running:
+                        announce_wait(len(running), "to stop at their next block (they publish nothing)")
         # (leaving the with-block joins the threads: each stops at its next block)
 
 
@@ -293,7 +294,7 @@ def _loky_job(fn: Callable[..., Any], item: Any, *args: Any) -> Any:
     return fn(item, *args)
 
 
-def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend: str, workers: int | None, address: str | None = None, quiet: bool = False) -> Iterator[Any]:
+def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend: str, workers: int | None, address: str | None = None, quiet: bool = False) -> Generator[Any, None, None]:
     """Yield ``fn(item, *args)`` for every item, in completion order (``quiet``: the cluster's own log lines,
     Ray's, errors only)."""
     from joblib import Parallel, delayed, parallel_config

@@ -44,10 +44,12 @@ def _install_one_line_warnings(ctx: click.Context) -> None:
 
 
 class _EchoNotes(logging.Handler):
-    """The ``cachebuild`` logger's records, each its message alone on stderr."""
+    """The ``cachebuild`` logger's records, each its message alone on a line of stderr."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        click.echo(" ".join(self.format(record).split()), err=True)
+        from tqdm import tqdm
+
+        tqdm.write(" ".join(self.format(record).split()), file=sys.stderr)  # (on a line of its own: a progress bar is cleared, then drawn again)
 
 
 def _install_notes(ctx: click.Context) -> None:
