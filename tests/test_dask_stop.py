@@ -1,11 +1,14 @@
 """A Dask build that stops (a shard fails, or Ctrl-C) on a real external ``LocalCluster``: the tasks it
-submitted are cancelled or waited for, and nothing appears in the output after the build returns."""
+submitted are cancelled or waited for, and nothing appears in the output after the build returns. And a
+terminal's Ctrl-C on the CLI with the build's own cluster: its workers ignore it, the build says it waits."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -111,3 +114,69 @@ def test_ctrl_c_stops_the_tasks_on_the_cluster(cluster, tmp_path):
         timer.join()
     _nothing_after_return(out, client)
     _same_as_a_clean_build(src, out, address, tmp_path)
+
+
+CLI_USER_CODE = """
+import time
+from pathlib import Path
+
+import numpy as np
+from cachebuild import FunctionSource
+
+
+def _held(rng, index, hold=""):
+    while index and hold and Path(hold).exists():  # the test holds every running shard here, mid-block (record 0: the build sizes it first)
+        time.sleep(0.02)
+    time.sleep(0.005)
+    return {"x": rng.standard_normal(8).astype(np.float32)}
+
+
+def make(hold=""):
+    return FunctionSource.per_record(_held, {"x": "float32"}, params={"hold": hold}, block_records=10)
+"""
+
+
+def _cli(out: Path, backend: str) -> list[str]:
+    return [sys.executable, "-m", "cachebuild.cli", "build", "-c", "recipe.toml", "-o", str(out), "-q", "--backend", backend, "-j", "2"]
+
+
+CLI_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_in_a_terminal_stops_the_builds_own_cluster_promptly(tmp_path):
+    """Ctrl-C in a terminal reaches every process of the build's process group, the build's own Dask workers
+    included: they died with two tracebacks, their tasks never ended, and the build waited 120 s in silence.
+    Now they ignore it, the build says that it waits for its running shards, which stop at their next block
+    without publishing, and it leaves; the rerun equals a clean build."""
+    user, hold = tmp_path / "user", tmp_path / "hold"
+    user.mkdir()
+    (user / "daskuser.py").write_text(CLI_USER_CODE)
+    (user / "recipe.toml").write_text(f'kind = "daskuser:make"\nrecords = {RECORDS}\n[params]\nhold = "{hold}"\n[build]\nshard_mb = 0.0016\n')
+    out = tmp_path / "out"
+    hold.touch()
+    proc = subprocess.Popen(_cli(out, "dask"), cwd=user, env=CLI_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and not (out.is_dir() and any(is_tmp_name(p) for p in out.iterdir())):  # shards being written
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends it
+        line = proc.stderr.readline()
+        assert line.startswith("stopping: waiting for 2 running shards to stop at their next block on the Dask cluster (they publish nothing); press Ctrl-C to leave now"), line
+        hold.unlink()
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        hold.unlink(missing_ok=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()  # (its pipes closed)
+    assert proc.returncode == 130 and err == "interrupted: rerun the same command to resume\n", err[-4000:]
+    assert took < 30, took
+    assert not [p.name for p in out.iterdir() if p.name.startswith("shard-")], sorted(out.iterdir())  # nothing published, temporary files removed
+    for target in (tmp_path / "clean", out):
+        res = subprocess.run(_cli(target, "threading"), cwd=user, env=CLI_ENV, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-4000:]
+    assert _files(out) == _files(tmp_path / "clean")

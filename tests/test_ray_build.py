@@ -1,6 +1,8 @@
 """Builds on Ray run one task per shard (``cachebuild.builder.ray_jobs``): results stream in as shards finish,
-and a build that stops (a shard fails, Ctrl-C) cancels its tasks, waits for them, and leaves nothing that
-writes after it returned; a rerun then equals a build that never stopped. All on a real local Ray."""
+and a build that stops (a shard fails, Ctrl-C) submits nothing more, says that it waits for its running
+shards, waits for them (a second Ctrl-C leaves at once), and leaves nothing that writes after it returned;
+a rerun then equals a build that never stopped. Ray's own log lines stay out of the terminal (none with
+``-q``). All on a real local Ray, Ctrl-C sent to the build's process group as a terminal does."""
 
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ FAIL_AT = 150  # in shard 1, half-way: shard 0 is being written on the other wor
 def _slow(rng, index, flag=""):
     if index == FAIL_AT and flag and Path(flag).exists():
         raise ValueError(f"record {index} is bad")
+    while index and flag and Path(flag + ".hold").exists():  # the test holds every running shard here (record 0: the build sizes it first)
+        time.sleep(0.02)
     time.sleep(0.005)
     return {"x": rng.standard_normal(8).astype(np.float32)}
 
@@ -78,8 +82,38 @@ def _cli(user: Path, out: Path, backend: str) -> list[str]:
     return [sys.executable, "-m", "cachebuild.cli", "build", "-c", "recipe.toml", "-o", str(out), "-q", "--backend", backend, "-j", "2"]
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
+def _env(auth: bool = False) -> dict[str, str]:
+    """The CLI's environment; ``auth``: Ray's default token authentication for the local Ray (and its note)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}
+    if auth:
+        del env["RAY_AUTH_MODE"]
+    return env
+
+
+RAY_CHATTER = ("Started a local Ray instance", " INFO ", "Token authentication", "dashboard")
+
+
+def _interrupt(proc: subprocess.Popen) -> None:
+    """Ctrl-C as a terminal sends it: to every process of the build's process group."""
+    os.killpg(proc.pid, signal.SIGINT)
+
+
+def _wait_for(check, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.02)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """A build a failed test left running: killed with its process group, its pipes closed."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def _running_shards(out: Path) -> bool:
+    return out.is_dir() and any(is_tmp_name(p) for p in out.iterdir())
 
 
 def _files(out: Path) -> dict[str, str]:
@@ -113,6 +147,7 @@ def _same_as_a_clean_build(user: Path, out: Path, clean: dict[str, str]) -> None
     assert kept, "the stopped build published no shard: the test did not stop it mid-build"
     res = subprocess.run(_cli(user, out, "ray"), cwd=user, env=_env(), capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-4000:]
+    assert res.stderr == "", res.stderr[-4000:]  # -q: not a line of Ray's ("Started a local Ray instance")
     assert _files(out) == clean
 
 
@@ -121,13 +156,14 @@ def test_a_failed_shard_stops_the_ray_tasks(tmp_path: Path, clean_build: tuple[P
     flag, clean = clean_build
     user, out = _user(tmp_path, flag), tmp_path / "out"
     flag.touch()
-    try:
-        res = subprocess.run(_cli(user, out, "ray"), cwd=user, env=_env(), capture_output=True, text=True, timeout=240)
+    try:  # with the progress bar, and Ray's default token authentication on the local Ray
+        res = subprocess.run([a for a in _cli(user, out, "ray") if a != "-q"], cwd=user, env=_env(auth=True), capture_output=True, text=True, timeout=240)
     finally:
         flag.unlink()
     assert res.returncode == EXIT_SOURCE, res.stderr[-4000:]
     last = res.stderr.strip().splitlines()[-1]
     assert "record 150 raised ValueError: record 150 is bad" in last and "Traceback" not in res.stderr, res.stderr[-4000:]
+    assert not [c for c in RAY_CHATTER if c in res.stderr], res.stderr[-4000:]
     _nothing_after_return(out)
     _same_as_a_clean_build(user, out, clean)
 
@@ -136,23 +172,57 @@ def test_a_failed_shard_stops_the_ray_tasks(tmp_path: Path, clean_build: tuple[P
 def test_ctrl_c_stops_the_ray_tasks(tmp_path: Path, clean_build: tuple[Path, dict[str, str]]) -> None:
     flag, clean = clean_build
     user, out = _user(tmp_path, flag), tmp_path / "out"
-    proc = subprocess.Popen(_cli(user, out, "ray"), cwd=user, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hold = Path(f"{flag}.hold")
+    proc = subprocess.Popen(_cli(user, out, "ray"), cwd=user, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:  # Ctrl-C once a shard is complete, mid-build
-            if out.is_dir() and any(p.name.endswith(".done.json") for p in out.iterdir()):
-                break
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
+        _wait_for(lambda: proc.poll() is not None or (out.is_dir() and any(p.name.endswith(".done.json") for p in out.iterdir())), "shard built")
+        hold.touch()  # the running shards wait, mid-shard, until the build has said that it waits for them
+        _interrupt(proc)
+        line = proc.stderr.readline()
+        assert line.startswith("stopping: waiting for ") and "to finish on Ray (they are kept); press Ctrl-C to leave now" in line, line
+        hold.unlink()
         _, err = proc.communicate(timeout=200)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        hold.unlink(missing_ok=True)
+        _end(proc)
     assert proc.returncode == EXIT_INTERRUPTED, err[-4000:]
-    assert "interrupted: rerun the same command to resume" in err, err[-4000:]
+    assert err == "interrupted: rerun the same command to resume\n", err[-4000:]  # (the shards it waited for were kept, not killed)
     _nothing_after_return(out)
     _same_as_a_clean_build(user, out, clean)
+
+
+@pytest.mark.timeout(300)
+def test_a_second_ctrl_c_leaves_at_once(tmp_path: Path, clean_build: tuple[Path, dict[str, str]]) -> None:
+    """The build waits for shards that would take minutes; a second Ctrl-C kills them and leaves within seconds.
+    They leave only temporary files (never a shard under its final name without its done marker), and a rerun
+    equals a build that never stopped."""
+    flag, clean = clean_build
+    user, out = _user(tmp_path, flag), tmp_path / "out"
+    hold = Path(f"{flag}.hold")
+    hold.touch()
+    proc = subprocess.Popen(_cli(user, out, "ray"), cwd=user, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: proc.poll() is not None or _running_shards(out), "shard being written")
+        _interrupt(proc)
+        line = proc.stderr.readline()
+        assert line.startswith("stopping: waiting for 2 running shards to finish on Ray"), line
+        _interrupt(proc)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        hold.unlink()
+        _end(proc)
+    assert proc.returncode == EXIT_INTERRUPTED, err[-4000:]
+    assert took < 20, took  # (Ray's shutdown: about 2 s)
+    assert "2 shard task(s) still running on Ray at Ctrl-C were killed" in err and err.endswith("interrupted: rerun the same command to resume\n"), err[-4000:]
+    files = _files(out)  # the killed shards left their temporary files, nothing under a shard's final name
+    assert [n for n in files if n.startswith("shard-")] and all(is_tmp_name(Path(n)) for n in files if n.startswith("shard-")), files
+    time.sleep(1.5)
+    assert _files(out) == files
+    res = subprocess.run(_cli(user, out, "threading"), cwd=user, env=_env(), capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert _files(out) == clean
 
 
 @pytest.mark.timeout(180)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import contextlib
 import hashlib
 import json
 import os
@@ -188,9 +189,12 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
     try:
         own_process = opts.backend != "threading" and not (opts.backend == "loky" and min(opts.workers or os.cpu_count() or 1, len(todo)) <= 1)
         args = (source, seed, out, opts.codec, fingerprint, opts.sync, own_process)
-        for shard in run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address):
-            done[_index_of(shard)] = shard
-            bar.update(shard.records)
+        # closed on the way out, so that a stopped build's jobs stop (and say so) now: an interrupt landing here, between
+        # two results, left the generator, and the wait for its running shards, to the garbage collector, after the CLI's exit
+        with contextlib.closing(run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address, quiet=not opts.progress)) as jobs:
+            for shard in jobs:
+                done[_index_of(shard)] = shard
+                bar.update(shard.records)
     finally:
         bar.close()
     new = [done[spec.index] for spec in plan]

@@ -1,7 +1,8 @@
 """Run shard jobs on loky (local processes) or threads of the calling process, on a Dask cluster, or on Ray.
 
 Threads: a pool of the build's own that, when a shard fails or the build is interrupted, drops
-the shards not started and waits for those being written before the error leaves the build
+the shards not started, tells those being written to stop at their next block without publishing
+(as on Dask), and waits for them before the error leaves the build
 (joblib's threading backend returned at once while its threads went on writing shards, outside
 the build lock, with the process's GC threshold still raised for them: :mod:`cachebuild.builder.collector`).
 
@@ -19,14 +20,24 @@ worker, so a cluster that cannot load it (no cachebuild there, an installed modu
 missing) is one error naming the module, and a cluster that runs nothing is an error
 after ``PROBE_TIMEOUT_S``. A build that stops (a shard failed, Ctrl-C) cancels the tasks not
 started and waits for the running ones, which stop between blocks and never publish
-their shard (:func:`_stop_dask_jobs`, :mod:`cachebuild.builder.stop`).
+their shard (:func:`_stop_dask_jobs`, :mod:`cachebuild.builder.stop`); a wait of more than
+``QUIET_WAIT_S`` is announced in one line, and Ctrl-C ends it. The build's own cluster's
+worker processes ignore Ctrl-C (:func:`_children_ignore_ctrl_c`): a terminal sends it to
+every process of the build, and they died with two tracebacks, their tasks never ended,
+and the build waited silently for ``STOP_WAIT_S``; the build stops them itself.
 
 Ray: ``ray.init(address)`` (or a local Ray) and one Ray task per shard, not Ray's joblib
 backend (:mod:`cachebuild.builder.ray_jobs` says why). The build checks the address before it
 touches its output (:mod:`cachebuild.builder.cluster_check`); ``ray.init`` then runs with Ray's
 connection retries bounded, so a port that accepts TCP but is no Ray fails in about 40 s instead
 of retrying for many minutes. A build that stops submits no more shards and waits for those
-running (at most ``workers``), which finish and are published whole.
+running (at most ``workers``), which finish and are published whole (:mod:`cachebuild.builder.ray_jobs`).
+
+loky: a stopped build ends its worker processes at once (joblib terminates them); a shard they
+were writing leaves only its temporary file, which the next build of the folder removes. A
+worker whose build was killed (``kill -9``, the OOM killer) exits within ``ORPHAN_CHECK_S``
+(:mod:`cachebuild.builder.orphan`); loky's own workers would finish their shard and wait for
+work for 5 minutes.
 """
 
 from __future__ import annotations
@@ -35,12 +46,15 @@ import contextlib
 import logging
 import os
 import re
+import signal
+import threading
 import uuid
 import warnings
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed, wait
+from typing import Any, Callable, Generator, Iterator, Sequence
 
-from cachebuild.builder.stop import BuildStopped, stop_check
+from cachebuild.builder.orphan import exit_with_parent
+from cachebuild.builder.stop import BuildStopped, announce_wait, stop_check
 from cachebuild.errors import CacheBuildError, ConfigError
 
 __all__ = ["BACKENDS", "run_jobs"]
@@ -49,6 +63,8 @@ BACKENDS = ("loky", "threading", "dask", "ray")
 PROBE_TIMEOUT_S = 120.0
 STOP_WAIT_S = 120.0
 """How long a stopped Dask build waits for its running shard tasks to end (:func:`_stop_dask_jobs`)."""
+QUIET_WAIT_S = 0.5
+"""A stopped build's wait that ends within this is not announced."""
 
 
 @contextlib.contextmanager
@@ -67,9 +83,26 @@ def _dask_client(address: str | None, workers: int) -> Iterator[Any]:
         finally:
             client.close()
         return
-    with _quiet_worker_asyncio(), LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster:
-        with Client(cluster, set_as_default=False) as client:
-            yield client
+    with _quiet_worker_asyncio(), _children_ignore_ctrl_c():
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0", silence_logs=logging.CRITICAL)
+    with cluster, Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c() -> Iterator[None]:
+    """Processes started in the block ignore SIGINT (an ignored signal stays ignored across fork and exec,
+    and Python then installs no ``KeyboardInterrupt`` handler): the build's own Dask workers, which a
+    terminal's Ctrl-C reached with the build. This process ignores it too meanwhile (the cluster's few
+    seconds of start-up); only the main thread can change it, so from another thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
@@ -186,39 +219,84 @@ def _stop_dask_jobs(client: Any, futures: list[Any], token: str) -> None:
     asked found the event already set when it started. A second Ctrl-C ends the
     wait at once (the tasks still never publish a shard).
     """
-    from distributed import Event, as_completed
+    from distributed import Event
 
     Event(token, client=client).set()
     handed = {key for keys in client.processing().values() for key in keys}
     client.cancel([f for f in futures if f.key not in handed])
     running = [f for f in futures if f.key in handed and not f.done()]
     try:
-        for _ in as_completed(running, loop=client.loop, timeout=STOP_WAIT_S):
-            pass
-    except TimeoutError:
-        left = sum(not f.done() for f in running)
-        warnings.warn(f"{left} shard task(s) still running on the Dask cluster {STOP_WAIT_S:.0f} s after the build stopped; they will not publish their shards", RuntimeWarning, stacklevel=3)
+        if not _all_done(client, running, QUIET_WAIT_S):
+            announce_wait(_executing(client, running) or sum(not f.done() for f in running), "to stop at their next block on the Dask cluster (they publish nothing)")
+            if not _all_done(client, running, STOP_WAIT_S):
+                left = sum(not f.done() for f in running)
+                warnings.warn(f"{left} shard task(s) still running on the Dask cluster {STOP_WAIT_S:.0f} s after the build stopped; they will not publish their shards", RuntimeWarning, stacklevel=3)
+    except KeyboardInterrupt:  # Ctrl-C (a second one, if the first stopped the build): stop waiting; the error that stopped the build stands
+        pass
     finally:
         client.cancel(running)
+
+
+def _executing(client: Any, futures: list[Any]) -> int:
+    """How many of ``futures`` are being run now: those handed to a worker, at most its threads each (the rest
+    wait in its queue and end at once)."""
+    left = {f.key for f in futures if not f.done()}
+    threads = client.nthreads()
+    return sum(min(sum(key in left for key in keys), threads.get(worker, 1)) for worker, keys in client.processing().items())
+
+
+def _all_done(client: Any, futures: list[Any], timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``futures`` to finish; whether they all did."""
+    from distributed import as_completed
+
+    try:
+        for _ in as_completed(futures, loop=client.loop, timeout=timeout):
+            pass
+    except TimeoutError:
+        return False
+    return True
 
 
 def _thread_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, n: int) -> Iterator[Any]:
     """``fn(item, *args)`` on ``n`` threads, in completion order; on an error (or the caller's
     interrupt, or the caller leaving early) the jobs not started are cancelled and the running
-    ones waited for, so nothing writes after this returns."""
+    ones stop at their next block without publishing (:mod:`cachebuild.builder.stop`; they used to
+    finish their shard: a minute at 256 MB, in silence) and are waited for, so nothing writes after
+    this returns."""
+    stop = threading.Event()
+
+    def job(item: Any) -> Any:
+        with stop_check(stop.is_set):
+            try:
+                return fn(item, *args)
+            except BuildStopped:
+                return _Stopped()
+
     with ThreadPoolExecutor(n, thread_name_prefix="cachebuild-shard") as pool:
-        futures = [pool.submit(fn, item, *args) for item in items]
+        futures = [pool.submit(job, item) for item in items]
         try:
             for fut in as_completed(futures):
                 yield fut.result()
         finally:
-            for fut in futures:
-                fut.cancel()
-        # (leaving the with-block joins the threads: the running shards finish first)
+            if not all(fut.done() for fut in futures):
+                stop.set()
+                started = [fut for fut in futures if not fut.cancel()]  # (a cancelled future counts as done for wait() only once a thread drew it)
+                with contextlib.suppress(KeyboardInterrupt):  # (a second Ctrl-C: the threads stop at their next block anyway)
+                    _, running = wait(started, timeout=QUIET_WAIT_S)
+                    if running:
+                        announce_wait(len(running), "to stop at their next block (they publish nothing)")
+        # (leaving the with-block joins the threads: each stops at its next block)
 
 
-def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend: str, workers: int | None, address: str | None = None) -> Iterator[Any]:
-    """Yield ``fn(item, *args)`` for every item, in completion order."""
+def _loky_job(fn: Callable[..., Any], item: Any, *args: Any) -> Any:
+    """``fn(item, *args)`` in a loky worker process that exits if the build's process dies (:mod:`cachebuild.builder.orphan`)."""
+    exit_with_parent()
+    return fn(item, *args)
+
+
+def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend: str, workers: int | None, address: str | None = None, quiet: bool = False) -> Generator[Any, None, None]:
+    """Yield ``fn(item, *args)`` for every item, in completion order (``quiet``: the cluster's own log lines,
+    Ray's, errors only)."""
     from joblib import Parallel, delayed, parallel_config
 
     if backend not in BACKENDS:
@@ -238,13 +316,13 @@ def run_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, backend:
     elif backend == "ray":
         from cachebuild.builder.ray_jobs import ray_jobs
 
-        yield from ray_jobs(fn, items, args, address, min(workers, len(items)) if workers else None)
+        yield from ray_jobs(fn, items, args, address, min(workers, len(items)) if workers else None, quiet)
     else:
         from joblib.externals.loky.process_executor import TerminatedWorkerError
 
         try:
             with parallel_config(backend=backend, n_jobs=n):
-                yield from Parallel(return_as="generator_unordered")(delayed(fn)(item, *args) for item in items)
+                yield from Parallel(return_as="generator_unordered")(delayed(_loky_job)(fn, item, *args) for item in items)
         except TerminatedWorkerError as exc:  # a worker process died (the OS killed it for memory, a crash in native code)
             codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(exc))
             raise CacheBuildError(

@@ -9,6 +9,7 @@ verify.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -313,11 +314,14 @@ def _make(source: RecordSource, opts: BuildOptions, out: Output, plan: list[Shar
     try:
         own_process = opts.backend != "threading" and not (opts.backend == "loky" and min(opts.workers or os.cpu_count() or 1, len(todo)) <= 1)
         args = (source, opts.seed, out, opts.codec, fingerprint, opts.sync, own_process)
-        for shard in run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address):
-            done[_index_of(shard)] = shard
-            built_raw += shard.raw_bytes
-            bar.update(shard.records)
-            bar.set_postfix_str(f"{built_raw / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.0f} MB/s", refresh=False)
+        # closed on the way out, so that a stopped build's jobs stop (and say so) now: an interrupt landing here, between
+        # two results, left the generator, and the wait for its running shards, to the garbage collector, after the CLI's exit
+        with contextlib.closing(run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address, quiet=not opts.progress)) as jobs:
+            for shard in jobs:
+                done[_index_of(shard)] = shard
+                built_raw += shard.raw_bytes
+                bar.update(shard.records)
+                bar.set_postfix_str(f"{built_raw / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.0f} MB/s", refresh=False)
     finally:
         bar.close()
     shards = [done[spec.index] for spec in plan]

@@ -11,12 +11,21 @@ Why tasks and not Ray's joblib backend (which the build used before):
   here each shard's result comes back when it is written.
 * A build that stops (a shard failed, Ctrl-C, a caller that left early) submits nothing more
   (at most ``workers`` tasks are ever submitted at once, so none waits in Ray's queue) and
-  waits for its running tasks, at most :data:`STOP_WAIT_S` (a second Ctrl-C ends the wait):
+  waits for its running tasks, at most :data:`STOP_WAIT_S`, saying so in one line
+  (:func:`cachebuild.builder.stop.announce_wait`: at 256 MB a shard takes about a minute):
   nothing it started writes after it returns. A running shard finishes and is published
-  whole (the rerun keeps it); one still running after the wait is killed (``force=True``)
-  and publishes nothing. They are not cancelled with Ray's ``KeyboardInterrupt``: in Ray
-  2.60 cancelling a task as it completes crashed the driver ("Tried to complete task that
-  was not pending"), seen once in three interrupted builds.
+  whole (the rerun keeps it); one still running after the wait, or at a Ctrl-C during it, is
+  killed (``force=True``) and publishes nothing (its temporary file stays until the next build
+  of the folder removes it; renames are atomic, so no half shard is ever under a final name).
+  They are not cancelled with Ray's ``KeyboardInterrupt``: in Ray 2.60 cancelling a task as it
+  completes crashed the driver ("Tried to complete task that was not pending"), seen once in
+  three interrupted builds.
+
+Ray's own log lines in this process (``ray.init``'s "Started a local Ray instance", "Connecting to
+existing Ray cluster", the note that token authentication is on for the local Ray it starts) are
+not the user's business: Ray's logger is set to WARNING (ERROR with ``quiet``, the CLI's ``-q``),
+and the token note is dropped for a Ray the build starts and stops itself. Task output stays in
+Ray's log files (``log_to_driver=False``), and no dashboard is started.
 
 Each job travels as cloudpickle bytes, as on Dask (``cachebuild.sources`` registers a user's
 module to be pickled by value with the standalone ``cloudpickle``, which Ray's vendored copy
@@ -28,17 +37,22 @@ there (not wrapped in a ``RayTaskError``). The connection (address check, bounde
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 from cachebuild.builder.cluster_check import ray_connect_env, ray_connects
+from cachebuild.builder.stop import announce_wait
 from cachebuild.errors import CacheBuildError, ConfigError
 
 __all__ = ["CPU_CHECK_S", "MAX_RETRIES", "STOP_WAIT_S", "ray_jobs"]
 
 STOP_WAIT_S = 120.0
 """How long a stopped Ray build waits for its running tasks to end before killing them."""
+QUIET_WAIT_S = 0.5
+"""A stopped build's wait that ends within this is not announced (a shard that was finishing anyway)."""
+_TOKEN_NOTE = "Token authentication is enabled for this Ray cluster"
 CPU_CHECK_S = 5.0
 """With ``workers=None``: how often a build looks at the cluster's CPUs again while no shard finishes
 (a head with no CPUs of its own runs one shard until worker nodes join; then as many as they have)."""
@@ -78,10 +92,19 @@ def _connect_settings(address: str | None) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
+class _NoTokenNote(logging.Filter):
+    """Drops Ray's note that the local Ray it starts has token authentication on (the build's own Ray,
+    started and stopped by it: nothing for the user to do)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_TOKEN_NOTE)
+
+
 @contextlib.contextmanager
-def _ray_session(address: str | None) -> Iterator[Any]:
+def _ray_session(address: str | None, quiet: bool = False) -> Iterator[Any]:
     """The ``ray`` module, connected (to ``address``, ``RAY_ADDRESS`` or a new local Ray); a connection
-    this call opened is closed after, one that was already open is left as it was."""
+    this call opened is closed after, one that was already open is left as it was. Ray's log lines
+    are kept to warnings and errors (errors only with ``quiet``)."""
     with _connect_settings(address):
         try:
             import ray
@@ -89,10 +112,16 @@ def _ray_session(address: str | None) -> Iterator[Any]:
             raise ConfigError("backend 'ray' needs the ray extra: pip install 'cachebuild[ray]'") from exc
         started = False
         if not ray.is_initialized():
+            note = logging.getLogger("ray._private.authentication.authentication_token_setup")
+            quiet_note = _NoTokenNote()
+            if not ray_connects(address):
+                note.addFilter(quiet_note)
             try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR if quiet else logging.WARNING)
             except ConnectionError as exc:  # a port that accepted the TCP check but did not answer as Ray
                 raise ConfigError(f"cannot connect to the Ray cluster at {address or os.environ.get('RAY_ADDRESS') or 'a new local Ray'}: {' '.join(str(exc).split())}") from None
+            finally:
+                note.removeFilter(quiet_note)
             started = True
     try:
         yield ray
@@ -101,13 +130,14 @@ def _ray_session(address: str | None) -> Iterator[Any]:
             ray.shutdown()
 
 
-def ray_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, address: str | None, workers: int | None) -> Iterator[Any]:
+def ray_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, address: str | None, workers: int | None, quiet: bool = False) -> Iterator[Any]:
     """``fn(item, *args)`` for every item as one Ray task each, yielded as they finish; at most ``workers``
     running (None: as many as the cluster has CPUs, counted again as shards finish and every
-    :data:`CPU_CHECK_S`, so worker nodes that join a running build, as an autoscaler's do, are used)."""
+    :data:`CPU_CHECK_S`, so worker nodes that join a running build, as an autoscaler's do, are used).
+    ``quiet``: Ray logs errors only."""
     import cloudpickle
 
-    with _ray_session(address) as ray:
+    with _ray_session(address, quiet) as ray:
         task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_run_blob)
         jobs = iter([(item, cloudpickle.dumps((fn, item, args))) for item in items])
         pending: list[Any] = []
@@ -148,13 +178,16 @@ def _cluster_cpus(ray: Any) -> int:
 
 
 def _stop(ray: Any, pending: list[Any]) -> None:
-    """Wait for the build's running tasks to end (see the module's docstring); kill those still running
-    after :data:`STOP_WAIT_S` or at a second interrupt."""
+    """Wait for the build's running tasks to end (see the module's docstring), saying so if it takes longer
+    than :data:`QUIET_WAIT_S`; kill those still running after :data:`STOP_WAIT_S` or at a Ctrl-C."""
     why = f"{STOP_WAIT_S:.0f} s after the build stopped"
     try:
-        _, left = ray.wait(pending, num_returns=len(pending), timeout=STOP_WAIT_S)
-    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
-        left, why = pending, "at a second interrupt"
+        _, left = ray.wait(pending, num_returns=len(pending), timeout=QUIET_WAIT_S)
+        if left:
+            announce_wait(len(left), "to finish on Ray (they are kept)", " (they are lost then)")
+            _, left = ray.wait(left, num_returns=len(left), timeout=STOP_WAIT_S)
+    except KeyboardInterrupt:  # Ctrl-C (a second one, if the first stopped the build): stop waiting
+        left, why = pending, "at Ctrl-C"
     if left:
         for ref in left:
             with contextlib.suppress(Exception):

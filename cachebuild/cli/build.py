@@ -20,6 +20,7 @@ OVERWRITE_HELP = (
     "and swapped in only when complete: the old one stays readable until then, a rerun resumes, and the disk (or bucket) "
     "needs room for both caches meanwhile."
 )
+QUIET_HELP = "No progress bar, and no log lines of the cluster (Ray: errors only); the summary, warnings and errors stay."
 BACKEND_HELP = "What runs the shards: loky (local processes), threading, dask (one task per shard on the cluster) or ray."
 
 
@@ -78,7 +79,7 @@ def _check_cluster_flags(backend: str, scheduler: str | None = None, address: st
 @click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @click.option("--append", is_flag=True, help="Add --graphs fresh graphs to the cache at --out as its next generation (same recipe, checked; see docs/growing-caches.md).")
 @click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help=QUIET_HELP)
 @friendly
 def generate_command(**o: Any) -> None:
     """Build a cache of random causal graphs with observational, interventional and
@@ -140,7 +141,7 @@ def generate_command(**o: Any) -> None:
 @click.option("--backend", type=click.Choice(BACKENDS), default="loky", show_default=True, help=BACKEND_HELP)
 @click.option("--scheduler", "--address", "address", type=str, default=None, help="Dask scheduler / Ray cluster address (default: a local one).")
 @click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help=QUIET_HELP)
 @friendly
 def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, codec, level, pack, shard_mb, h5_datasets, overrides, backend, address, overwrite, quiet) -> None:
     """Build a cache of log-mel segments, one record per audio file.
@@ -201,7 +202,7 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
 @click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @click.option("--append", is_flag=True, help="Add --records fresh records to the cache at --out as its next generation (same recipe, checked).")
 @click.option("--keep", type=int, default=None, metavar="N", help="With --append: list only the newest N generations; older shards no reader holds are deleted.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help=QUIET_HELP)
 @friendly
 def build_command(
     config_path: Path,

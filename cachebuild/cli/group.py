@@ -1,4 +1,5 @@
-"""The ``cachebuild`` click group: usage errors as one line, warnings as one line.
+"""The ``cachebuild`` click group: usage errors as one line, warnings as one line, the library's notes
+(the ``cachebuild`` logger: a stopped build waiting for its running shards) as plain lines on stderr.
 
 Commands live in their own modules (:mod:`cachebuild.cli.build`,
 :mod:`~cachebuild.cli.check`, :mod:`~cachebuild.cli.stage`,
@@ -8,6 +9,7 @@ Commands live in their own modules (:mod:`cachebuild.cli.build`,
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 from typing import Any, TextIO
@@ -39,6 +41,28 @@ def _install_one_line_warnings(ctx: click.Context) -> None:
         sys.warnoptions.append(LOKY_TRACKER_QUIET)
     ctx.with_resource(warnings.catch_warnings())
     warnings.showwarning = _one_line_warning
+
+
+class _EchoNotes(logging.Handler):
+    """The ``cachebuild`` logger's records, each its message alone on a line of stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(" ".join(self.format(record).split()), file=sys.stderr)  # (on a line of its own: a progress bar is cleared, then drawn again)
+
+
+def _install_notes(ctx: click.Context) -> None:
+    """The ``cachebuild`` logger prints its notes (WARNING and up) on stderr for the command's duration."""
+    log, handler = logging.getLogger("cachebuild"), _EchoNotes(logging.WARNING)
+    log.addHandler(handler)
+    propagate, log.propagate = log.propagate, False
+
+    def remove() -> None:
+        log.removeHandler(handler)
+        log.propagate = propagate
+
+    ctx.call_on_close(remove)
 
 
 class Group(click.Group):
@@ -76,3 +100,4 @@ def main(ctx: click.Context) -> None:
       cachebuild inspect cache/causal              # sizes, schemas, one record
     """
     _install_one_line_warnings(ctx)
+    _install_notes(ctx)
