@@ -11,8 +11,9 @@ process whose threads are all stuck on a lock, the GIL included.
 When ranks miss their deadline, the test process calls :func:`collect` before
 killing them: it signals each rank and each of its descendants in turn and
 cuts the file between signals, so every stack is labelled with its process;
-where ``py-spy`` is installed it adds each process's native stacks (C/C++
-frames: gloo, torch, libc locks), which faulthandler cannot see.
+where ``py-spy`` (else ``gdb``) is installed it adds each process's native
+stacks (C/C++ frames: gloo, torch, CPython's own locks, libc), which
+faulthandler cannot see.
 """
 
 from __future__ import annotations
@@ -67,12 +68,23 @@ def _py_spy() -> str | None:
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
-def _native(py_spy: str, pid: int) -> str:
+def _run(cmd: list[str]) -> tuple[bool, str]:
     try:
-        out = subprocess.run([py_spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=_PY_SPY_S)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=_PY_SPY_S)
     except (OSError, subprocess.SubprocessError) as exc:
-        return f"py-spy failed: {exc}"
-    return (out.stdout + out.stderr)[-_MAX_CHARS:]
+        return False, f"{cmd[0]} failed: {exc}"
+    return out.returncode == 0, out.stdout + out.stderr
+
+
+def _native(py_spy: str | None, pid: int) -> str:
+    """Native stacks of ``pid``: py-spy's (Python and C frames), else gdb's where py-spy cannot unwind
+    (it fails on a child stuck inside ``fork()``'s own bookkeeping)."""
+    ok, text = _run([py_spy, "dump", "--native", "--pid", str(pid)]) if py_spy is not None else (False, "")
+    gdb = shutil.which("gdb")
+    if not ok and gdb is not None:
+        ok, text = _run([gdb, "-batch", "-p", str(pid), "-ex", "thread apply all bt"])
+        text = "\n".join(line for line in text.splitlines() if line.startswith(("Thread ", "#")))  # the stacks, not gdb's chatter
+    return text[-_MAX_CHARS:]
 
 
 def _catches_sigusr1(pid: int) -> bool:
@@ -123,18 +135,20 @@ def collect(rank_pids: list[int], out_dir: str | Path) -> str:
     for rank, pid in enumerate(rank_pids):
         import psutil
 
+        wrote = Path(out_dir, f"rank{rank}.json").exists()  # yes: stuck after its body (leaving the group, exiting)
         try:
             procs = [psutil.Process(pid), *_descendants(pid)]
         except psutil.Error:
-            parts.append(f"=== rank {rank}: pid {pid} already exited")
+            parts.append(f"=== rank {rank}: pid {pid} already exited (rank{rank}.json written: {wrote})")
             continue
         for k, proc in enumerate(procs):
             who = f"rank {rank}" if k == 0 else f"rank {rank} child"
-            parts.append(f"=== {who}, {_describe(proc)}\n--- Python stacks (faulthandler):\n{_signalled(proc.pid, stacks_file(out_dir, rank))}")
-            if py_spy is not None:
-                parts.append(f"--- native stacks (py-spy dump --native):\n{_native(py_spy, proc.pid)}")
+            result = f"\n--- rank{rank}.json written: {'yes (stuck after its body)' if wrote else 'no (stuck in its body)'}" if k == 0 else ""
+            parts.append(f"=== {who}, {_describe(proc)}{result}\n--- Python stacks (faulthandler):\n{_signalled(proc.pid, stacks_file(out_dir, rank))}")
+            if py_spy is not None or shutil.which("gdb") is not None:
+                parts.append(f"--- native stacks (py-spy dump --native, else gdb):\n{_native(py_spy, proc.pid)}")
     if py_spy is None:
-        parts.append("(py-spy not installed: no native stacks; `pip install py-spy` adds them)")
+        parts.append("(py-spy not installed: `pip install py-spy` adds each process's native stacks)")
     return "\n".join(parts)
 
 
