@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["arm", "collect", "kill_tree", "stacks_file"]
+__all__ = ["arm", "collect", "diagnosis", "kill_tree", "stacks_file", "IN_FORK_HINT"]
 
 _ARMED: list[IO[str]] = []  # the open stacks files (faulthandler keeps only their descriptors)
 _SETTLE_S = 2.0  # a signalled process writes its stacks within this (faulthandler writes at once)
@@ -125,6 +126,20 @@ def _signalled(pid: int, path: Path) -> str:
         return f.read(size - before).decode(errors="replace")[-_MAX_CHARS:]
 
 
+_IN_FORK = re.compile(r'Current thread [^\n]*\n\s*File "[^"]*popen_fork\.py", line \d+ in _launch\n')
+IN_FORK_HINT = (
+    "--- this process never left os.fork(): the child's half of fork() is stuck, before any line of the worker ran. "
+    "On Python <= 3.11 that is CPython gh-112275 (an interpreter lock held by another thread of the rank, gloo's, at the fork); "
+    "see docs/DECISIONS.md, 'A DataLoader worker forked in a gloo rank can hang inside fork()'"
+)
+
+
+def diagnosis(python_stacks: str) -> str | None:
+    """A known cause read from a process's faulthandler stacks, or None: a forked child whose current
+    thread's innermost frame is still the ``os.fork()`` call of ``multiprocessing``'s ``Popen._launch``."""
+    return IN_FORK_HINT if _IN_FORK.search(python_stacks) else None
+
+
 def collect(rank_pids: list[int], out_dir: str | Path) -> str:
     """The stacks of each rank (``rank_pids[r]``) and of every process below it, labelled; for a failure message.
 
@@ -144,7 +159,9 @@ def collect(rank_pids: list[int], out_dir: str | Path) -> str:
         for k, proc in enumerate(procs):
             who = f"rank {rank}" if k == 0 else f"rank {rank} child"
             result = f"\n--- rank{rank}.json written: {'yes (stuck after its body)' if wrote else 'no (stuck in its body)'}" if k == 0 else ""
-            parts.append(f"=== {who}, {_describe(proc)}{result}\n--- Python stacks (faulthandler):\n{_signalled(proc.pid, stacks_file(out_dir, rank))}")
+            stacks = _signalled(proc.pid, stacks_file(out_dir, rank))
+            hint = diagnosis(stacks)
+            parts.append(f"=== {who}, {_describe(proc)}{result}\n--- Python stacks (faulthandler):\n{stacks}" + (f"\n{hint}" if hint else ""))
             if py_spy is not None or shutil.which("gdb") is not None:
                 parts.append(f"--- native stacks (py-spy dump --native, else gdb):\n{_native(py_spy, proc.pid)}")
     if py_spy is None:
