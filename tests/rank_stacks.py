@@ -84,8 +84,8 @@ def _native(py_spy: str | None, pid: int) -> str:
     gdb = shutil.which("gdb")
     if not ok and gdb is not None:
         ok, text = _run([gdb, "-batch", "-p", str(pid), "-ex", "thread apply all bt"])
-        text = "\n".join(line for line in text.splitlines() if line.startswith(("Thread ", "#")))  # the stacks, not gdb's chatter
-    return text[-_MAX_CHARS:]
+        text = "\n".join(line[:160] for line in text.splitlines() if line.startswith(("Thread ", "#")))  # the stacks, not gdb's chatter
+    return text[:_MAX_CHARS]  # innermost frames first: keep the head
 
 
 def _catches_sigusr1(pid: int) -> bool:
