@@ -20,6 +20,7 @@ import zstandard
 
 from cachebuild.format import read_manifest
 from gloo_rank import gloo_rank
+from rank_stacks import collect, kill_tree
 from ports import free_port  # noqa: F401  (re-exported for the test modules)
 
 CAUSAL_GRAPHS = 200
@@ -137,17 +138,17 @@ def batches_equal(a: dict, b: dict) -> bool:
 
 
 def spawn_ranks(main: Any, args: tuple, world: int, out_dir: Path, deadline_s: float) -> list[dict]:
-    """Run ``main(rank, *args)`` on ``world`` spawned ranks, killing them all (and failing the test) past
-    ``deadline_s``; each rank writes ``out_dir/rank{r}.json``, read back here and checked for an ``error``."""
+    """Run ``main(rank, *args)`` on ``world`` spawned ranks, killing them all (and failing the test with the
+    stacks of every rank and worker, :mod:`rank_stacks`) past ``deadline_s``; each rank writes ``out_dir/rank{r}.json``, read back here and checked for an ``error``."""
     import torch.multiprocessing as tmp
 
     ctx = tmp.start_processes(main, args=args, nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + deadline_s
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"DDP ranks did not finish within {deadline_s} s (hang?)")
+            stacks = collect([p.pid for p in ctx.processes], out_dir)  # of the ranks and their workers, before they go
+            kill_tree([p.pid for p in ctx.processes])
+            pytest.fail(f"DDP ranks did not finish within {deadline_s} s (hang?); their stacks:\n{stacks}")
     results = [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(world)]
     for r, res in enumerate(results):
         assert "error" not in res, f"rank {r}:\n{res['error']}"
