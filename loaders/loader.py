@@ -22,6 +22,7 @@ from torch.utils.data._utils.collate import default_convert
 
 from cachebuild.errors import SharedMemoryError
 from loaders.batch import Batch, PackedBatch
+from loaders.fork_settle import settle_before_fork
 from loaders.handover import Handover, clean_worker_error
 from loaders.shared_pools import SharedPools, shared_pools_for
 from loaders.slots import ZERO_COPY_HELD, SlotRings, register, unregister
@@ -97,6 +98,7 @@ class StreamLoader(DataLoader[Any]):
         self._lookahead = 0
         if self._direct():
             return self._deliver(iter(self.dataset))
+        settle_before_fork(self)  # (DDP, Python <= 3.11: a fork right after begin_pass's collective can hang)
         return self._deliver(super().__iter__())
 
     def _direct(self) -> bool:
