@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 import zlib
 from pathlib import Path
@@ -30,6 +28,7 @@ import pytest
 import zstandard
 
 from conftest import build_toy
+from fork_runner import ForkServer
 from cachebuild.format.codec import Codec
 from hostile_fixtures import copy_cache, field_pos, load_doc, read_index, rehash, rewrite_shard, save_doc, write_index, zstd_bomb
 
@@ -248,23 +247,11 @@ def _tree(folder: Path) -> dict[str, tuple[int, int]]:
 def runner() -> Iterator[Callable[[list[str], float], dict]]:
     """Runs :data:`RUNNER` in a fresh process forked from one warm one (tests/fork_runner.py): a new
     interpreter per case paid Python's start and torch's import each time (24 cases, ~1.6 s each)."""
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fork_runner.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-    assert server.stdin is not None and server.stdout is not None
-
-    def run(argv: list[str], timeout: float) -> dict:
-        server.stdin.write(json.dumps({"code": RUNNER, "argv": argv, "timeout": timeout}) + "\n")
-        server.stdin.flush()
-        reply = server.stdout.readline()
-        assert reply, f"the fork runner died (exit code {server.poll()})"
-        return json.loads(reply)
-
+    server = ForkServer(dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}"))
     try:
-        yield run
+        yield lambda argv, timeout: server.request(code=RUNNER, argv=argv, timeout=timeout)
     finally:
-        server.stdin.close()
-        server.wait(60)
-        server.stdout.close()
+        server.close()
 
 
 def _run(runner: Callable[[list[str], float], dict], cache: Path, dst: Path, actions: tuple[str, ...]) -> tuple[dict[str, dict], int]:
