@@ -126,11 +126,13 @@ def serve(requests: IO[str], replies: IO[str], preload: Sequence[str] = PRELOAD)
 
 
 class ForkServer:
-    """The client: a server started with ``env`` (its ``PYTHONPATH`` decides what ``preload`` finds)."""
+    """The client: a server started with ``env`` in ``cwd`` (its ``PYTHONPATH`` decides what ``preload``
+    finds; variables read at start or at import, such as ``PYTHONWARNINGS`` or ``OMP_NUM_THREADS``, are
+    the server's for every job)."""
 
-    def __init__(self, env: Mapping[str, str], preload: Sequence[str] = PRELOAD):
+    def __init__(self, env: Mapping[str, str], preload: Sequence[str] = PRELOAD, cwd: str | Path | None = None):
         cmd = [sys.executable, str(Path(__file__).resolve()), *preload]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(env))
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(env), cwd=cwd)
 
     def request(self, **request: Any) -> dict[str, Any]:
         """One job (the protocol's fields as keywords); its reply."""
