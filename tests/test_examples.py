@@ -11,13 +11,30 @@ from typing import Callable, Iterator
 
 import pytest
 
+from fork_runner import ForkServer
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 
 
-def _run(script: str, *args: str, timeout: float = 120) -> dict:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, str(EXAMPLES / script), "--device", "cpu", "--json", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+"""The examples' environment (torch reads ``OMP_NUM_THREADS`` when imported, Python ``PYTHONWARNINGS`` at start)."""
+
+
+@pytest.fixture(scope="module")
+def forks() -> Iterator[ForkServer]:
+    """Runs an example (``[python, SCRIPT, ARGS...]``) in a fresh process forked from one started with
+    :data:`ENV` that imported torch and ours once (tests/fork_runner.py): a new interpreter per run paid
+    Python's start and torch's import each time (13 runs here)."""
+    server = ForkServer(ENV, cwd=REPO)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _run(forks: ForkServer, script: str, *args: str, timeout: float = 120) -> dict:
+    r = forks.run([sys.executable, str(EXAMPLES / script), "--device", "cpu", "--json", *args], ENV, timeout)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "== " in r.stdout and "wait_fraction" in r.stdout  # the stall monitor's summary
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -42,55 +59,54 @@ def mel_cache(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("script", ["train_causal.py", "train_mel.py"])
-def test_example_without_a_cache_says_how_to_build_one(tmp_path, script, causal_cache, mel_cache):
+def test_example_without_a_cache_says_how_to_build_one(tmp_path, script, causal_cache, mel_cache, forks):
     """A missing cache, or one of the other kind, is one error line and the command that builds one (exit 2), not a traceback."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
     other = mel_cache if script == "train_causal.py" else causal_cache
     for cache in (tmp_path / "nothing", other):
-        r = subprocess.run([sys.executable, str(EXAMPLES / script), "--cache", str(cache), "--steps", "1", "--device", "cpu"], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+        r = forks.run([sys.executable, str(EXAMPLES / script), "--cache", str(cache), "--steps", "1", "--device", "cpu"], ENV, 120)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.startswith("error: ") and f"--out {cache}" in r.stderr, r.stderr
 
 
-def test_train_causal_ours(causal_cache):
-    d = _run("train_causal.py", "--cache", str(causal_cache), "--steps", "4", "--batch-size", "256", "--hidden", "32", "--workers", "0")
+def test_train_causal_ours(causal_cache, forks):
+    d = _run(forks, "train_causal.py", "--cache", str(causal_cache), "--steps", "4", "--batch-size", "256", "--hidden", "32", "--workers", "0")
     assert d["steps"] == 3 and d["final_loss"] == d["final_loss"]  # 4 steps, 1 warm-up; loss not NaN
 
 
-def test_train_causal_baseline():
-    d = _run("train_causal.py", "--baseline", "--steps", "3", "--batch-size", "256", "--hidden", "32", "--workers", "0")
+def test_train_causal_baseline(forks):
+    d = _run(forks, "train_causal.py", "--baseline", "--steps", "3", "--batch-size", "256", "--hidden", "32", "--workers", "0")
     assert d["steps"] == 2
 
 
-def test_train_mel_ours_with_file_eval(mel_cache):
-    d = _run("train_mel.py", "--cache", str(mel_cache), "--epochs", "2", "--steps", "3", "--batch-size", "256", "--eval-files", "16", "--workers", "0", "--width", "8")
+def test_train_mel_ours_with_file_eval(mel_cache, forks):
+    d = _run(forks, "train_mel.py", "--cache", str(mel_cache), "--epochs", "2", "--steps", "3", "--batch-size", "256", "--eval-files", "16", "--workers", "0", "--width", "8")
     assert d["epoch"] == 1 and d["steps"] == 2
     assert d["files"] == 40 and 0.0 <= d["file_accuracy"] <= 1.0
 
 
-def test_train_mel_baseline_from_cache(mel_cache):
-    d = _run("train_mel.py", "--cache", str(mel_cache), "--baseline", "--steps", "3", "--batch-size", "256", "--workers", "0", "--width", "8")
+def test_train_mel_baseline_from_cache(mel_cache, forks):
+    d = _run(forks, "train_mel.py", "--cache", str(mel_cache), "--baseline", "--steps", "3", "--batch-size", "256", "--workers", "0", "--width", "8")
     assert d["steps"] == 2 and d["files"] == 40 and 0.0 <= d["file_accuracy"] <= 1.0
 
 
-def test_train_mel_baseline_synthetic_h5(tmp_path):
-    d = _run("train_mel.py", "--cache", str(tmp_path / "none"), "--baseline", "--synthetic-files", "20", "--steps", "2", "--batch-size", "128", "--workers", "0", "--width", "8", "--no-eval")
+def test_train_mel_baseline_synthetic_h5(tmp_path, forks):
+    d = _run(forks, "train_mel.py", "--cache", str(tmp_path / "none"), "--baseline", "--synthetic-files", "20", "--steps", "2", "--batch-size", "128", "--workers", "0", "--width", "8", "--no-eval")
     assert d["steps"] == 1 and "file_accuracy" not in d
 
 
-def test_train_causal_resident_and_seconds(causal_cache):
+def test_train_causal_resident_and_seconds(causal_cache, forks):
     """The benchmark modes: an ideal (resident) feed, and a run stopped by the clock."""
-    d = _run("train_causal.py", "--cache", str(causal_cache), "--steps", "6", "--batch-size", "256", "--hidden", "32", "--workers", "0", "--resident", "2")
+    d = _run(forks, "train_causal.py", "--cache", str(causal_cache), "--steps", "6", "--batch-size", "256", "--hidden", "32", "--workers", "0", "--resident", "2")
     assert d["steps"] == 5 and d["wait_fraction"] < 0.5
-    d = _run("train_causal.py", "--cache", str(causal_cache), "--steps", "100000", "--seconds", "1.5", "--batch-size", "256", "--hidden", "32", "--workers", "0", "--handover", "0")
+    d = _run(forks, "train_causal.py", "--cache", str(causal_cache), "--steps", "100000", "--seconds", "1.5", "--batch-size", "256", "--hidden", "32", "--workers", "0", "--handover", "0")
     assert 1 < d["steps"] < 100000 and d["total_s"] < 30
 
 
-def test_train_mel_seconds_chains_epochs(mel_cache):
+def test_train_mel_seconds_chains_epochs(mel_cache, forks):
     # 40 files x 80 segments / 256 = 13 batches per epoch: 1.5 s of training crosses several epochs under one summary
-    d = _run("train_mel.py", "--cache", str(mel_cache), "--seconds", "1.5", "--batch-size", "256", "--workers", "0", "--width", "8")
+    d = _run(forks, "train_mel.py", "--cache", str(mel_cache), "--seconds", "1.5", "--batch-size", "256", "--workers", "0", "--width", "8")
     assert d["steps"] > 13 and "epoch" not in d and "file_accuracy" not in d
-    d = _run("train_mel.py", "--cache", str(mel_cache), "--seconds", "1", "--batch-size", "256", "--workers", "0", "--width", "8", "--resident", "2")
+    d = _run(forks, "train_mel.py", "--cache", str(mel_cache), "--seconds", "1", "--batch-size", "256", "--workers", "0", "--width", "8", "--resident", "2")
     assert d["steps"] > 2
 
 

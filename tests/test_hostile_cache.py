@@ -3,7 +3,8 @@ touching nothing outside the cache.
 
 Each case copies a good toy cache, edits it as an attacker would (names, numbers, payloads,
 then recomputes every size and sha256 in the manifest), and runs ``verify``, ``inspect``,
-the loader with 0 and 2 workers and ``stage`` in a fresh process (for its peak RSS).
+the loader with 0 and 2 workers and ``stage`` in a fresh process (for its peak RSS), forked from a
+warm one that imported torch and ours once (tests/fork_runner.py).
 Each must fail with a cachebuild error (no traceback, one line) whose message matches the
 case; a sentinel file outside the cache stays as it was, nothing new appears beside the
 cache, and the stage destination is never created. Two kinds of edit touch bytes that some
@@ -17,17 +18,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 import zlib
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
 import zstandard
 
 from conftest import build_toy
+from fork_runner import ForkServer
 from cachebuild.format.codec import Codec
 from hostile_fixtures import copy_cache, field_pos, load_doc, read_index, rehash, rewrite_shard, save_doc, write_index, zstd_bomb
 
@@ -81,8 +82,9 @@ RUNNER = textwrap.dedent(
         except BaseException as exc:
             out = {"action": name, "error": "UNEXPECTED " + type(exc).__name__, "message": traceback.format_exc()}
         print(json.dumps(out), flush=True)
-    # This process's own peak from VmHWM (its memory since exec): ru_maxrss of RUSAGE_SELF keeps the
-    # peak of the process it was spawned from (Linux carries it over exec), here the whole pytest run.
+    # This process's own peak from VmHWM (its memory since the fork, from the warm server's RSS then, about
+    # 300 MB): ru_maxrss of RUSAGE_SELF would keep the peak of a process it was exec'd from (Linux carries
+    # it over exec), such as the whole pytest run.
     own = next((int(ln.split()[1]) // 1024 for ln in open("/proc/self/status") if ln.startswith("VmHWM:")), None)
     rss = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024 if own is None else own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024]
     print(json.dumps({"peak_mb": max(rss)}), flush=True)
@@ -241,18 +243,28 @@ def _tree(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
 
 
-def _run(cache: Path, dst: Path, actions: tuple[str, ...]) -> tuple[dict[str, dict], int]:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-    r = subprocess.run([sys.executable, "-c", RUNNER, str(cache), str(dst), ",".join(actions)], capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
-    lines = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert r.returncode == 0 and lines and "peak_mb" in lines[-1], f"runner failed ({r.returncode}):\n{r.stdout}\n{r.stderr[-4000:]}"
+@pytest.fixture(scope="module")
+def runner() -> Iterator[Callable[[list[str], float], dict]]:
+    """Runs :data:`RUNNER` in a fresh process forked from one warm one (tests/fork_runner.py): a new
+    interpreter per case paid Python's start and torch's import each time (24 cases, ~1.6 s each)."""
+    server = ForkServer(dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}"))
+    try:
+        yield lambda argv, timeout: server.request(code=RUNNER, argv=argv, timeout=timeout)
+    finally:
+        server.close()
+
+
+def _run(runner: Callable[[list[str], float], dict], cache: Path, dst: Path, actions: tuple[str, ...]) -> tuple[dict[str, dict], int]:
+    r = runner([str(cache), str(dst), ",".join(actions)], 240)
+    lines = [json.loads(ln) for ln in r["stdout"].splitlines() if ln.startswith("{")]
+    assert r["rc"] == 0 and lines and "peak_mb" in lines[-1], f"runner failed ({r['rc']}):\n{r['stdout']}\n{r['stderr'][-4000:]}"
     return {d["action"]: d for d in lines[:-1]}, lines[-1]["peak_mb"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("case,codec,edit,pattern,failing", CASES, ids=[c[0] for c in CASES])
-def test_hostile_cache_is_refused_clearly(tmp_path, good, case, codec, edit, pattern, failing):
+def test_hostile_cache_is_refused_clearly(tmp_path, good, runner, case, codec, edit, pattern, failing):
     outside = tmp_path / "outside"
     outside.mkdir()
     for name in ("victim.tar", "victim.idx.npy", "sentinel"):
@@ -264,7 +276,7 @@ def test_hostile_cache_is_refused_clearly(tmp_path, good, case, codec, edit, pat
     dst = tmp_path / "staged"
     before_outside, before_tmp = _tree(outside), sorted(p.name for p in tmp_path.iterdir())
 
-    results, peak_mb = _run(root, dst, ALL)
+    results, peak_mb = _run(runner, root, dst, ALL)
 
     for action in ALL:
         res = results[action]
@@ -281,9 +293,9 @@ def test_hostile_cache_is_refused_clearly(tmp_path, good, case, codec, edit, pat
         assert not dst.exists()
 
 
-def test_good_cache_passes_every_reader_in_the_runner(tmp_path, good):
+def test_good_cache_passes_every_reader_in_the_runner(tmp_path, good, runner):
     """The runner itself: on an untouched cache every action succeeds (so refusals above mean something)."""
-    results, peak_mb = _run(good["zstd"], tmp_path / "staged", ALL)
+    results, peak_mb = _run(runner, good["zstd"], tmp_path / "staged", ALL)
     assert all(r["error"] is None for r in results.values()), results
     assert peak_mb < PEAK_RSS_MB
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DistributedSampler
 
-from bounded_run import run_bounded, tails
+from bounded_run import tails
+from fork_runner import ForkServer
 from loaders import ShardStream
 
 pytest.importorskip("lightning")
@@ -30,10 +31,11 @@ SCRIPT = Path(__file__).with_name("lightning_max_steps_run.py")
 BATCH, SEED, RECORDS = 30, 3, 300  # 10 batches per epoch
 
 
-def _run(cache: Path, out: Path, tag: str, kinds: tuple[str, ...], max_steps: int, *extra: str) -> dict[str, list[list]]:
-    """One process that runs every kind in turn (Lightning imported once); each kind's batches."""
+def _run(forks: ForkServer, cache: Path, out: Path, tag: str, kinds: tuple[str, ...], max_steps: int, *extra: str) -> dict[str, list[list]]:
+    """One fresh process (forked with Lightning imported, tests/fork_runner.py) that runs every kind in turn;
+    each kind's batches."""
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]))
-    res = run_bounded([sys.executable, str(SCRIPT), str(cache), str(out), tag, ",".join(kinds), str(max_steps), *extra], env, 270)
+    res = forks.run([sys.executable, str(SCRIPT), str(cache), str(out), tag, ",".join(kinds), str(max_steps), *extra], env, 270)
     assert res.returncode == 0, tails(res)
     return {kind: [json.loads(line) for line in (out / f"{kind}-{tag}.jsonl").read_text().splitlines()] for kind in kinds}
 
@@ -69,12 +71,12 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_max_steps_mid_epoch_then_resume_matches_lightnings_own_sampler(cache: Path, tmp_path: Path) -> None:
+def test_max_steps_mid_epoch_then_resume_matches_lightnings_own_sampler(cache: Path, tmp_path: Path, lightning_forks: ForkServer) -> None:
     want_first = [(0, i, 0, i) for i in range(4)]
     want_resumed = [(1, 4 + i, 1, i) for i in range(6)] + [(2, i, 2, i) for i in range(4)]
     kinds = ("map", "ours", "ours-stream")
-    firsts = _run(cache, tmp_path, "a", kinds, 4)
-    resumes = _run(cache, tmp_path, "b", kinds, 14, "--ckpt-tag", "a")  # a fresh process resumes each kind from its own checkpoint
+    firsts = _run(lightning_forks, cache, tmp_path, "a", kinds, 4)
+    resumes = _run(lightning_forks, cache, tmp_path, "b", kinds, 14, "--ckpt-tag", "a")  # a fresh process resumes each kind from its own checkpoint
     got = {}
     for kind in kinds:
         orders = _orders(cache, "map" if kind == "map" else "ours", 4)

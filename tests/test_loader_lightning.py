@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from loader_fixtures import causal_cache  # noqa: F401
-from bounded_run import run_bounded, tails
+from bounded_run import tails
+from fork_runner import ForkServer
 from ports import free_port
 
 pytest.importorskip("lightning")
@@ -42,19 +43,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.dist, pytest.mark.timeout(3 * 2 * RU
 killed-run test, run alone, makes 3 runs (with the reference) of at most 2 attempts each."""
 
 
-def _attempt(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
-    # the rendezvous port, picked outside the ephemeral range (tests/ports.py) rather than by Lightning
+def _attempt(forks: ForkServer, cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
+    # the rendezvous port, picked outside the ephemeral range (tests/ports.py) rather than by Lightning;
+    # rank 0 a fresh process forked with Lightning imported (tests/fork_runner.py), its own process group
     env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    return run_bounded([sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra], env, RUN_TIMEOUT_S)
+    return forks.run([sys.executable, str(SCRIPT), str(cache), str(out), tag, *extra], env, RUN_TIMEOUT_S)
 
 
-def _run(cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
-    done = _attempt(cache, out, tag, *extra)
+def _run(forks: ForkServer, cache: Path, out: Path, tag: str, *extra: str) -> subprocess.CompletedProcess:
+    done = _attempt(forks, cache, out, tag, *extra)
     if done.returncode != 0 and any(t in done.stderr for t in TRANSIENT):
         first = tails(done, 2000)
         for stale in [*out.glob(f"{tag}-rank*.jsonl"), *out.glob(f"{tag}-steps/*"), *out.glob(f"{tag}-epochs/*")]:
             stale.unlink()
-        done = _attempt(cache, out, tag, *extra)
+        done = _attempt(forks, cache, out, tag, *extra)
         done.stderr = f"{done.stderr}\n[test] first attempt, retried:\n{first}"
     return done
 
@@ -64,9 +66,9 @@ def _batches(out: Path, tag: str, rank: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(causal_cache, tmp_path_factory):
+def reference(causal_cache, tmp_path_factory, lightning_forks):
     out = tmp_path_factory.mktemp("lightning")
-    done = _run(causal_cache, out, "ref")
+    done = _run(lightning_forks, causal_cache, out, "ref")
     assert done.returncode == 0, tails(done, 8000)
     return out, {r: _batches(out, "ref", r) for r in range(RANKS)}
 
@@ -79,16 +81,16 @@ def test_epochs_differ_and_cover_the_cache(reference):
     assert len({len([b for b in ref[r] if b["epoch"] == 0]) for r in range(RANKS)}) == 1  # equal steps per rank
 
 
-def test_killed_mid_epoch_resumes_with_exactly_the_remaining_batches(causal_cache, reference):
+def test_killed_mid_epoch_resumes_with_exactly_the_remaining_batches(causal_cache, reference, lightning_forks):
     out, ref = reference
-    killed = _run(causal_cache, out, "killed", "--die-at", "4")
+    killed = _run(lightning_forks, causal_cache, out, "killed", "--die-at", "4")
     # every rank died after step 4, before its checkpoint, on purpose (not of a timeout or a crash: any exit code but 0 passed)
     died = [f"{DIED} rank {r} at step 4" for r in range(RANKS)]
     assert killed.returncode == DIED_CODE and all(d in killed.stderr for d in died), tails(killed, 8000)
     last = out / "killed-steps" / "step=3.ckpt"
     saved = sorted(p.name for p in (out / "killed-steps").glob("*"))
     assert last.exists() and not (out / "killed-steps" / "step=4.ckpt").exists(), f"checkpoints: {saved}\n{tails(killed, 8000)}"
-    resumed = _run(causal_cache, out, "resumed", "--ckpt", str(last))
+    resumed = _run(lightning_forks, causal_cache, out, "resumed", "--ckpt", str(last))
     assert resumed.returncode == 0, tails(resumed, 8000)
     for r in range(RANKS):
         before, after = _batches(out, "killed", r), _batches(out, "resumed", r)
@@ -97,9 +99,9 @@ def test_killed_mid_epoch_resumes_with_exactly_the_remaining_batches(causal_cach
         assert [b["epoch"] for b in after] == [b["epoch"] for b in ref[r][3:]]
 
 
-def test_resume_at_an_epoch_boundary_runs_the_next_epoch(causal_cache, reference):
+def test_resume_at_an_epoch_boundary_runs_the_next_epoch(causal_cache, reference, lightning_forks):
     out, ref = reference
-    resumed = _run(causal_cache, out, "boundary", "--ckpt", str(out / "ref-epochs" / "epoch=0-end.ckpt"))
+    resumed = _run(lightning_forks, causal_cache, out, "boundary", "--ckpt", str(out / "ref-epochs" / "epoch=0-end.ckpt"))
     assert resumed.returncode == 0, tails(resumed, 8000)
     for r in range(RANKS):
         after = _batches(out, "boundary", r)
