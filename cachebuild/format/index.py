@@ -14,6 +14,7 @@ data ends before the later entries' (:mod:`cachebuild.format.shared_frames`).
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -91,12 +92,17 @@ def index_from_bytes(data: bytes, where: str, n_fields: int | None = None, recor
     if data[:4] == _ZSTD_MAGIC:
         data = _decompressed(data, where, n_fields, records)
     buf = io.BytesIO(data)
-    try:
-        version = np.lib.format.read_magic(buf)
-        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = reader(buf, max_header_size=_MAX_HEADER)
-    except (ValueError, TypeError, SyntaxError) as exc:  # numpy raises several types for a malformed header
-        raise ShardCorruptError(f"index {where}: unreadable ({exc})") from exc
+    known = _known_header(data)
+    if known is not None:  # (the writer's own header: no ast parse)
+        shape, fortran, dtype = known[0], False, INDEX_DTYPE
+        buf.seek(known[1])
+    else:
+        try:
+            version = np.lib.format.read_magic(buf)
+            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = reader(buf, max_header_size=_MAX_HEADER)
+        except (ValueError, TypeError, SyntaxError) as exc:  # numpy raises several types for a malformed header
+            raise ShardCorruptError(f"index {where}: unreadable ({exc})") from exc
     if dtype != INDEX_DTYPE or len(shape) != 2 or fortran:
         raise ShardCorruptError(f"index {where}: unexpected layout dtype={dtype} shape={list(shape)} fortran_order={fortran}")
     if n_fields is not None and shape[1] != n_fields:
@@ -108,3 +114,18 @@ def index_from_bytes(data: bytes, where: str, n_fields: int | None = None, recor
     if len(data) - start != want:
         raise ShardCorruptError(f"index {where}: {len(data) - start} bytes of entries, its header promises {want} (truncated or corrupt)")
     return np.frombuffer(data, INDEX_DTYPE, int(shape[0]) * int(shape[1]), start).reshape(shape)
+
+
+_KNOWN_HEADER = re.compile(rb"\x93NUMPY\x01\x00(..)\{'descr': " + re.escape(repr(INDEX_DTYPE.descr).encode()) + rb", 'fortran_order': False, 'shape': \((\d{1,12}), (\d{1,4})\), \} *\n", re.DOTALL)
+
+
+def _known_header(data: bytes) -> tuple[tuple[int, ...], int] | None:
+    """``(shape, data offset)`` of a ``.npy`` header exactly as :func:`index_bytes` writes it (numpy's own
+    1.0 layout for :data:`INDEX_DTYPE`), read without ``ast``; ``None`` for any other (numpy's reader then
+    judges it). ``ast.literal_eval``, which numpy's reader uses, fails in a forked DataLoader worker on
+    CPython 3.11 when the parent's AST state was left mid-count ("AST constructor recursion depth mismatch",
+    python/cpython#106905); the index is the reader's one parse on opening a shard."""
+    m = _KNOWN_HEADER.match(data, 0, 10 + _MAX_HEADER)
+    if m is None or int.from_bytes(m.group(1), "little") != m.end() - 10:
+        return None
+    return (int(m.group(2)), int(m.group(3))), m.end()
