@@ -39,7 +39,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import IO, Any, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
 
 PRELOAD = ("numpy", "torch", "cachebuild", "loaders")
 """What the jobs import anyway: imported once, in the server."""
@@ -89,7 +89,7 @@ def _run_child(request: dict[str, Any]) -> dict[str, Any]:
             finally:
                 os._exit(rc)
         try:
-            rc = _wait(pid, timeout)
+            rc = wait_child(pid, timeout)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
@@ -99,21 +99,19 @@ def _run_child(request: dict[str, Any]) -> dict[str, Any]:
         return {"rc": rc, "stdout": out.read().decode(errors="replace"), "stderr": stderr}
 
 
-def _wait(pid: int, timeout: float) -> int:
-    """The child's exit code, or -9 once it was killed after ``timeout`` s."""
+def wait_child(pid: int, timeout: float, kill: Callable[[int, int], None] = os.killpg) -> int:
+    """The forked child's exit code, or -9 once ``kill(pid, SIGKILL)`` (its process group by default) ended it
+    after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            rc = os.waitstatus_to_exitcode(status)
-            break
+            return os.waitstatus_to_exitcode(status)
         if time.monotonic() > deadline:
-            os.killpg(pid, signal.SIGKILL)
+            kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            rc = -signal.SIGKILL
-            break
+            return -signal.SIGKILL
         time.sleep(0.01)
-    return rc
 
 
 def serve(requests: IO[str], replies: IO[str], preload: Sequence[str] = PRELOAD) -> None:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 from typing import IO, Any
+
+from fork_runner import wait_child
 
 REPO = Path(__file__).resolve().parents[1]
 PRELOAD = ("numpy", "torch", "cachebuild", "loaders")
@@ -66,18 +66,7 @@ def _run_child(file: Path, timeout: float) -> dict[str, Any]:
                 sys.stderr.flush()
             finally:
                 os._exit(code)
-        deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                rc = os.waitstatus_to_exitcode(status)
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                rc = -signal.SIGKILL
-                break
-            time.sleep(0.01)
+        rc = wait_child(pid, timeout, os.kill)  # (the child leads no group of its own)
         log.seek(0)
         return {"rc": rc, "output": log.read().decode(errors="replace")}
 
