@@ -54,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from typing import Any, Callable, Generator, Iterator, Sequence
 
 from cachebuild.builder.orphan import exit_with_parent
-from cachebuild.builder.stop import BuildStopped, announce_wait, stop_check
+from cachebuild.builder.stop import QUIET_WAIT_S, BuildStopped, announce_wait, stop_check
 from cachebuild.errors import CacheBuildError, ConfigError
 
 __all__ = ["BACKENDS", "run_jobs"]
@@ -63,8 +63,6 @@ BACKENDS = ("loky", "threading", "dask", "ray")
 PROBE_TIMEOUT_S = 120.0
 STOP_WAIT_S = 120.0
 """How long a stopped Dask build waits for its running shard tasks to end (:func:`_stop_dask_jobs`)."""
-QUIET_WAIT_S = 0.5
-"""A stopped build's wait that ends within this is not announced."""
 
 
 @contextlib.contextmanager

@@ -43,15 +43,13 @@ import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 from cachebuild.builder.cluster_check import ray_connect_env, ray_connects
-from cachebuild.builder.stop import announce_wait
+from cachebuild.builder.stop import QUIET_WAIT_S, announce_wait
 from cachebuild.errors import CacheBuildError, ConfigError
 
 __all__ = ["CPU_CHECK_S", "MAX_RETRIES", "STOP_WAIT_S", "ray_jobs"]
 
 STOP_WAIT_S = 120.0
 """How long a stopped Ray build waits for its running tasks to end before killing them."""
-QUIET_WAIT_S = 0.5
-"""A stopped build's wait that ends within this is not announced (a shard that was finishing anyway)."""
 _TOKEN_NOTE = "Token authentication is enabled for this Ray cluster"
 CPU_CHECK_S = 5.0
 """With ``workers=None``: how often a build looks at the cluster's CPUs again while no shard finishes

@@ -25,9 +25,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Callable, Iterator
 
-__all__ = ["BuildStopped", "CHECK_EVERY_S", "announce_wait", "stop_check", "raise_if_stopped"]
+__all__ = ["BuildStopped", "CHECK_EVERY_S", "QUIET_WAIT_S", "announce_wait", "stop_check", "raise_if_stopped"]
 
 CHECK_EVERY_S = 0.5
+QUIET_WAIT_S = 0.5
+"""A stopped build's wait that ends within this is not announced (a shard that was finishing anyway); every backend."""
 
 
 class BuildStopped(Exception):
