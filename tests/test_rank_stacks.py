@@ -14,9 +14,9 @@ from stuck_rank_run import stuck_rank_main
 @pytest.mark.timeout(120)
 def test_a_hung_rank_fails_with_its_own_and_its_workers_stacks(tmp_path):
     with pytest.raises(pytest.fail.Exception) as failed:
-        spawn_ranks(stuck_rank_main, (1, free_port(), str(tmp_path)), 1, tmp_path, 20)
+        spawn_ranks(stuck_rank_main, (1, free_port(), str(tmp_path)), 1, tmp_path, 12)
     text = str(failed.value)
-    assert "did not finish within 20 s" in text
+    assert "did not finish within 12 s" in text
     rank, _, child = text.partition("=== rank 0 child")
     assert "=== rank 0, pid" in rank and "rank0.json written: no" in rank and "stuck_rank_main" in rank and "worker_stuck_here" not in rank  # the rank waits on its worker
     assert "worker_stuck_here" in child  # the worker's own stack, labelled as the rank's child
