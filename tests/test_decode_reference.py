@@ -88,6 +88,21 @@ def test_read_block_equals_record_by_record(caches, name):
             assert got.tobytes() == np.ascontiguousarray(want).tobytes(), (name, f.name, rid)
 
 
+@pytest.mark.parametrize("name", ["causal", "toy", "ragged"])
+@pytest.mark.parametrize("chunk", [1, 3000])
+def test_a_block_decoded_in_several_zstd_calls_equals_record_by_record(caches, name, chunk, monkeypatch):
+    """zstd's output in calls of at most ``chunk`` bytes (one frame per call at 1): each frame found in its
+    own call's buffers, so the block is the same."""
+    from cachebuild.format import zstd_output
+
+    monkeypatch.setattr(zstd_output, "CHUNK_BYTES", chunk)
+    calls = []
+    real = zstd_output.packed_offsets
+    monkeypatch.setattr(zstd_output, "packed_offsets", lambda out, lens: calls.append(len(lens)) or real(out, lens))
+    test_read_block_equals_record_by_record(caches, name)
+    assert len(calls) > 5 and (chunk > 1 or set(calls) == {1}), calls
+
+
 @pytest.mark.parametrize("name", ["causal", "toy", "ragged", "ragged_raw"])
 def test_read_block_of_no_records_is_empty_blocks(caches, name):
     """No ids: a block of 0 rows per field (zstd is not asked for no frames: that crashed the interpreter)."""

@@ -55,6 +55,18 @@ def test_verify_inspect_and_loader_report_a_corrupt_member_identically(tmp_path,
     assert str(info.value) == loader
 
 
+def test_a_corrupt_frame_in_a_later_zstd_call_names_its_own_record(tmp_path, toy_cache, monkeypatch):
+    """A block decoded in several zstd calls: zstd numbers the bad item within its call, the error still
+    names the record of that frame."""
+    from cachebuild.format import zstd_output
+
+    monkeypatch.setattr(zstd_output, "CHUNK_BYTES", 1)  # one frame per call
+    root = copy_cache(toy_cache, tmp_path / "c")
+    doc = load_doc(root)
+    rid = _flip(root, doc, 1, 2, "mat", "zstd")
+    assert f"record {rid:010d}, field 'mat': zstd: " in _loader_error(root)
+
+
 def test_verify_lists_every_corrupt_member_of_a_block(tmp_path, toy_cache_raw):
     root = copy_cache(toy_cache_raw, tmp_path / "c")
     doc = load_doc(root)

@@ -43,7 +43,7 @@ from cachebuild.format.reader import ShardSet
 from cachebuild.format.rows import as_rows
 from cachebuild.format.segments import Segments, segments_of
 from cachebuild.format.shared_frames import declared_ok, distinct_frames, gather_shared
-from cachebuild.format.zstd_output import OutputBuffer, first_bad_frame, packed_offsets
+from cachebuild.format.zstd_output import decompress_chunks, first_bad_frame
 
 try:  # ISA-L's crc32: zlib's checksum, about 4x faster (raw caches check every member read); zlib is the fallback
     from isal.isal_zlib import crc32
@@ -193,23 +193,12 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
         threads = 1  # starting threads costs more than a small block's decompression
     sizes = _declared_sizes(shards, ids, names, fr)[pick]
     try:
-        out = dctx.multi_decompress_to_buffer(payloads, decompressed_sizes=sizes.tobytes(), threads=threads)
+        buffers, buf_of, offs, out = decompress_chunks(dctx, payloads, sizes, threads)
     except zstandard.ZstdError as exc:
         m = _ITEM_RE.search(str(exc))
-        i = int(m.group(1)) if m else first_bad_frame(dctx, payloads)
+        i = int(m.group(1)) + getattr(exc, "item_base", 0) if m else first_bad_frame(dctx, payloads)
         raise _corrupt(shards, ids, names, fr, int(pick[i]), "zstd: " + _ITEM_RE.sub("frame", str(exc))) from exc  # the record is named; the block position is not news
-    n = len(payloads)
     lens = sizes.astype(np.int64)  # zstd checked: each frame decoded to exactly its declared size
-    offs = packed_offsets(out, lens)
-    if offs is None:  # several output buffers: ask for each member's place
-        segs = [out[i] for i in range(n)]
-        offs = np.fromiter((sg.offset for sg in segs), np.int64, n)
-        lens = np.fromiter((len(sg) for sg in segs), np.int64, n)
-    first = offs == 0
-    starts = np.flatnonzero(first)
-    buf_of = np.cumsum(first) - 1
-    ends = (offs + lens)[np.append(starts[1:], n) - 1].tolist()
-    buffers = [np.asarray(OutputBuffer(np.frombuffer(out[a], np.uint8).__array_interface__["data"][0], size, out)) for a, size in zip(starts.tolist(), ends)]
     eoff, elen, buf_id = offs[slot], lens[slot], buf_of[slot]
     for i in np.flatnonzero(elen < fr.tail + fr.nbytes)[:1].tolist():
         raise _corrupt(shards, ids, names, fr, i, f"decoded {int(elen[i])} bytes < {int(fr.tail[i] + fr.nbytes[i])} bytes of array data")

@@ -11,7 +11,18 @@ from typing import Any, Sequence
 import numpy as np
 import zstandard
 
-__all__ = ["OutputBuffer", "first_bad_frame", "packed_offsets"]
+__all__ = ["CHUNK_BYTES", "OutputBuffer", "decompress_chunks", "first_bad_frame", "packed_offsets"]
+
+CHUNK_BYTES = 4 << 20
+"""Most decoded bytes one ``multi_decompress_to_buffer`` call returns (a block is decoded in calls of
+about this size; a frame larger than this has a call of its own).
+
+zstd allocates each call's output with ``malloc``; glibc serves an allocation larger than any freed
+before (its dynamic mmap threshold, at most 32 MB) with a fresh ``mmap``, and blocks of varying size
+kept hitting that: a `graphs` batch of 256 graphs (~8 MB decoded) paid 600-800 page faults, a pool of
+1,000 graphs (~30 MB) 1,300-4,100, in processes where `tune_malloc` does not run (the trainer's own,
+at 0 workers and in `TwinsContext`). Calls of at most this size are served from the heap again.
+"""
 
 
 class OutputBuffer:
@@ -54,6 +65,46 @@ def packed_offsets(out: Any, lens: np.ndarray) -> np.ndarray | None:
         offs[start:lo] = run[: lo - start]
         start = lo
     return offs
+
+
+def decompress_chunks(
+    dctx: zstandard.ZstdDecompressor, payloads: list[bytes | bytearray | memoryview], sizes: np.ndarray, threads: int, chunk_bytes: int | None = None
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, list[Any]]:
+    """Decode ``payloads`` (declared decoded ``sizes``, uint64) in calls of about ``chunk_bytes`` (:data:`CHUNK_BYTES`).
+
+    Returns the output buffers as numpy views, per frame its buffer number and offset in it, and the
+    calls' outputs (owners of those buffers). A ``zstandard.ZstdError`` is raised as zstd raised it,
+    with ``item_base`` set to the index of the call's first frame (its message numbers items in the call).
+    """
+    n, bound = len(payloads), CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    lens = sizes.astype(np.int64)
+    cuts = [0]
+    if n:
+        ends = np.cumsum(lens)
+        while cuts[-1] < n:
+            base = int(ends[cuts[-1] - 1]) if cuts[-1] else 0
+            cuts.append(max(cuts[-1] + 1, int(np.searchsorted(ends, base + bound, side="right"))))
+    buffers: list[np.ndarray] = []
+    buf_of, offs, owners = np.empty(n, np.int64), np.empty(n, np.int64), []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        try:
+            out = dctx.multi_decompress_to_buffer(payloads[a:b], decompressed_sizes=sizes[a:b].tobytes(), threads=threads)
+        except zstandard.ZstdError as exc:
+            exc.item_base = a  # type: ignore[attr-defined]
+            raise
+        owners.append(out)
+        part = packed_offsets(out, lens[a:b])
+        if part is None:  # several output buffers with an empty member: ask for each member's place
+            part = np.fromiter((out[i].offset for i in range(b - a)), np.int64, b - a)
+        starts = np.flatnonzero(part == 0)
+        local = np.cumsum(part == 0) - 1
+        last = np.append(starts[1:], b - a) - 1
+        for s0, e0 in zip(starts.tolist(), (part + lens[a:b])[last].tolist()):
+            addr = np.frombuffer(out[s0], np.uint8).__array_interface__["data"][0]  # type: ignore[call-overload]
+            buffers.append(np.asarray(OutputBuffer(addr, e0, out)))
+        buf_of[a:b] = local + (len(buffers) - len(starts))
+        offs[a:b] = part
+    return buffers, buf_of, offs, owners
 
 
 def first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Sequence[bytes | bytearray | memoryview]) -> int:
