@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cachebuild.errors import SharedMemoryError
+from cachebuild.format.malloc import settle_heap, tune_malloc
 from cachebuild.format.reader import ShardSet
 from loaders.loader import shm_free_bytes
 from loaders.views.twins import decode_twins
@@ -79,6 +80,7 @@ class ThreadDecoder:
 
     def __init__(self, host: dict[str, np.ndarray], decode: list[str], threads: int):
         self.host, self.decode, self.threads = host, decode, threads
+        settle_heap()  # the trainer's process
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="twins-context")
 
     def submit(self, shards: ShardSet, ids: np.ndarray, lo: int, zero: list[str], copied: Any = None) -> Future[None]:
@@ -96,6 +98,7 @@ def _serve(conn: Connection, name: str, spec: _Spec, decode: list[str], threads:
     """The decode process: requests ``(shards or None, ids, lo, zero)`` until ``None``, a closed pipe, or the
     end of the trainer's process ``parent`` (killed: its pipe may stay open in processes forked from it since,
     so that is checked every second; the shared memory is then unlinked here, as ``close`` would have)."""
+    tune_malloc()  # a process of the context's own
     shm = SharedMemory(name=name)
     try:
         host, shards = _arrays(shm.buf, spec), None

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from cachebuild.format.malloc import tune_malloc
+from cachebuild.format.malloc import settle_heap, tune_malloc
 from cachebuild.format.generations import Lease, generation_of
 from cachebuild.format.reader import ShardSet, check_shard_files, local_path
 from loaders.batch import Batch, Layout, PackedBatch
@@ -323,6 +323,8 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         ids = plan.rank_batches(world.world_size, world.rank, start)[world.worker :: world.num_workers][skip:]
         if in_worker:
             tune_malloc()  # a DataLoader worker: a process the loader owns
+        else:
+            settle_heap()  # the trainer's process (a DataLoader at 0 workers)
         rings = self.slot_rings if in_worker and self._emit_packed else None
         return self._batches(plan, ids, shared=in_worker, count=False, rings=rings, worker=wid)
 
@@ -334,6 +336,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         if start == 0:
             refresh_generations(self)
         plan = self.plan(self._progress.epoch)
+        settle_heap()  # the trainer's process
         yield from self._batches(plan, plan.rank_batches(world.world_size, world.rank, start), shared=False, count=True)
 
     def _new_shard_set(self) -> ShardSet:
