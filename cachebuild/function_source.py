@@ -89,6 +89,33 @@ def _column_bytes(column: Any, dtype: str) -> int:
         return 64
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, arrays by their bytes (a NaN equals itself); values the writer refuses anyway
+    (object arrays, unknown types) count as equal, so the writer names them instead."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (np.ndarray, np.generic)):
+        return a.dtype == b.dtype and a.shape == b.shape and (a.dtype.hasobject or a.tobytes() == b.tobytes())
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, float):
+        return a == b or (a != a and b != b)
+    try:
+        return bool(a == b)
+    except Exception:
+        return True
+
+
+def _first_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """The first field whose value differs between two makes of the same record; None if none does."""
+    for name in list(a) + [k for k in b if k not in a]:
+        if name not in a or name not in b or not _same(a[name], b[name]):
+            return str(name)
+    return None
+
+
 @dataclass(frozen=True)
 class FunctionSource:
     """A :class:`~cachebuild.RecordSource` around a per-record or per-block function.
@@ -145,8 +172,21 @@ class FunctionSource:
         dropped): arrays by their bytes (each record's own, for ragged fields), JSON by its compact text."""
         if self.record_bytes is not None:
             return int(self.record_bytes)
-        rng = block_rng(0, 0, 0)
         dtypes = dict(self.schema)
+        made = self._probe()
+        differs = _first_difference(made, self._probe())  # the same rng must make the same record
+        if differs is not None:
+            raise SourceError(
+                f"source {self.kind!r} shard 0 record 0 field {differs!r}: not deterministic: two calls with the same rng made different values"
+                " (draw only from the rng argument, never np.random, random or the clock: a resumed build would mix two draws)"
+            )
+        if self.mode == "record":
+            return max(1, _raw_bytes(made, dtypes))
+        return max(1, sum(_column_bytes(v, dtypes.get(k, "")) for k, v in made.items()))
+
+    def _probe(self) -> Mapping[str, Any]:
+        """Record 0 of shard 0 with seed 0 (a block of one record for a block function)."""
+        rng = block_rng(0, 0, 0)
         try:
             made = self.fn(rng, 0, **self.params) if self.mode == "record" else self.fn(rng, 0, 1, **self.params)
         except Exception as exc:
@@ -154,9 +194,7 @@ class FunctionSource:
         if not isinstance(made, Mapping):
             what = "record" if self.mode == "record" else "block"
             raise SourceError(f"source {self.kind!r} shard 0 record 0: the function returned a {type(made).__name__}, not a dict of fields (sizing a probe {what}, seed 0)")
-        if self.mode == "record":
-            return max(1, _raw_bytes(made, dtypes))
-        return max(1, sum(_column_bytes(v, dtypes.get(k, "")) for k, v in made.items()))
+        return made
 
     def blocks(self, seed: int, shard: int, start: int, stop: int) -> Iterator[list[dict[str, Any]]]:
         for b, a in enumerate(range(start, stop, self.block_records)):

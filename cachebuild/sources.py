@@ -84,6 +84,8 @@ def load_attribute(spec: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        if exc.name and not (module_name == exc.name or module_name.startswith(exc.name + ".")):  # found, but a package it imports is not
+            raise ConfigError(f"recipe kind {spec!r}: importing module {module_name!r} failed: {exc} (a package it imports is not installed)") from None
         raise ConfigError(f"recipe kind {spec!r}: cannot import module {module_name!r} ({exc}); is it in the current folder or on PYTHONPATH?") from None
     except Exception as exc:
         raise ConfigError(f"recipe kind {spec!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}") from None
@@ -146,7 +148,10 @@ def _entry_point(name: str) -> Any | None:
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
-            return ep.load()
+            try:
+                return ep.load()
+            except Exception as exc:  # the registering package is broken or half installed: one line, not a traceback
+                raise ConfigError(f"recipe kind {name!r}: the '{ENTRY_POINT_GROUP}' entry point {ep.value!r} does not load: {type(exc).__name__}: {exc}") from None
     return None
 
 

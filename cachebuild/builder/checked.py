@@ -46,9 +46,11 @@ def record_problem(record: Any, fields: Sequence[tuple[str, str]]) -> str:
     if not isinstance(record, Mapping):
         return f"record is a {type(record).__name__}, not a dict of fields"
     names = [f for f, _ in fields]
+    undeclared = [k for k in record if k not in names]
     for name in names:
         if name not in record:
-            return f"field {name!r}: missing (the source declares {names})"
+            made = f"; the record has {undeclared}, not declared" if undeclared else ""  # a misspelt name: show it
+            return f"field {name!r}: missing (the source declares {names}{made})"
     for name in record:
         if name not in names:
             return f"field {name!r}: not declared by the source (declared: {names})"
