@@ -19,6 +19,7 @@ __all__ = [
     "SourceError",
     "RemoteError",
     "SharedMemoryError",
+    "PassSupersededError",
 ]
 
 
@@ -94,3 +95,9 @@ class SharedMemoryError(CacheBuildError, OSError):
     """The loader's workers need more shared memory (``/dev/shm``) than is free for their batch slots."""
 
     exit_code = 2
+
+
+class PassSupersededError(CacheBuildError, RuntimeError):
+    """A pass over a loader or stream was still being iterated after ``load_state_dict``, ``set_epoch``
+    (to another epoch) or a newer pass took over its position: its batches would be counted on top of
+    the new one, so it stops instead (see :mod:`loaders.passes`)."""

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_convert
 
-from cachebuild.errors import SharedMemoryError
+from cachebuild.errors import PassSupersededError, SharedMemoryError
 from loaders.batch import Batch, PackedBatch
 from loaders.fork_settle import settle_before_fork
 from loaders.handover import Handover, clean_worker_error
@@ -95,11 +95,12 @@ class StreamLoader(DataLoader[Any]):
             self._ahead.close()
             self._ahead = None
         self.stream.begin_pass()  # the stream the trainer holds: its generation (and state) follow the pass
+        token = self.stream._progress.token  # this pass counts while it holds it (loaders.passes)
         self._lookahead = 0
         if self._direct():
-            return self._deliver(iter(self.dataset))
+            return self._deliver(iter(self.dataset), token)
         settle_before_fork(self)  # (DDP, Python <= 3.11: a fork right after begin_pass's collective can hang)
-        return self._deliver(super().__iter__())
+        return self._deliver(super().__iter__(), token)
 
     def _direct(self) -> bool:
         """Whether a pass may read the stream itself rather than through torch's single-process iterator:
@@ -108,16 +109,22 @@ class StreamLoader(DataLoader[Any]):
         batch's time), so the batches are the same either way."""
         return self.num_workers == 0 and not self.pin_memory and self.collate_fn is default_convert
 
-    def _deliver(self, it: Iterator[PackedBatch]) -> Iterator[Batch]:
+    def _deliver(self, it: Iterator[PackedBatch], token: int) -> Iterator[Batch]:
         progress = self.stream._progress
         ahead = Handover(it, PackedBatch.unpack, self.handover) if self.handover > 0 and self.num_workers > 0 else None
         self._ahead = ahead
         try:
             # unpack: copied out of the worker's slot (already done when pinned); on the
-            # handover thread when there is one. Progress counts what the trainer receives.
+            # handover thread when there is one. Progress counts what the trainer receives,
+            # while this pass holds its token: superseded (load_state_dict, set_epoch, a newer
+            # pass), it raises before taking another batch from the workers.
+            progress.check(token)
             for batch in ahead if ahead is not None else map(PackedBatch.unpack, it):
                 progress.advance()
                 yield batch
+                progress.check(token)
+        except PassSupersededError:
+            raise  # the workers stay: persistent ones serve the next pass
         except Exception as exc:
             if ahead is not None:
                 ahead.close()

@@ -13,9 +13,16 @@ The rule, the same wherever the stream is iterated:
   epoch again: then that epoch's remaining batches, none).
 
 A pass left unfinished (a ``break``) still counts: the next ``iter()`` starts
-the next epoch. A pass of the stream iterated directly (no workers) begins at
-its first ``next()``: an iterator made and dropped unread is no pass (torchdata,
-restoring a state saved at an epoch's end, makes one and drops it).
+the next epoch. Only the newest pass counts: ``load_state_dict``, ``set_epoch``
+to another epoch, or a new pass **supersede** a pass still being iterated (each
+pass holds a token they retire), and its next ``next()`` raises
+:class:`~cachebuild.errors.PassSupersededError` instead of building a batch
+and counting it on top of the new position (which used to run on to the end of
+the old epoch and lose the loaded state); torchdata's ``StatefulDataLoader``
+likewise applies a loaded state to the next ``iter()`` only. A pass of the
+stream iterated directly (no workers) begins at its first ``next()``: an
+iterator made and dropped unread is no pass (torchdata, restoring a state
+saved at an epoch's end, makes one and drops it).
 
 The first pass of a new stream runs epoch 0.
 
@@ -38,6 +45,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
+
+from cachebuild.errors import PassSupersededError
 
 __all__ = ["MAX_WORKERS", "Progress", "Control"]
 
@@ -68,14 +77,32 @@ class Progress:
         self.counted = False  # a pass ran here (directly or through a loader)
         self.world_size = 1
         self.batches = 0
+        self.token = 0  # the counting pass's; load, set_epoch (another epoch) and begin retire it
+        self._retired_by = ""
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
+        if epoch != self.epoch:  # (the same epoch: a running pass goes on counting where it is)
             self.epoch, self.position, self.resume, self.batches = epoch, 0, False, 0
+            self._retire(f"set_epoch({epoch})")
         self.pinned = True
 
     def load(self, epoch: int, position: int, batches: int) -> None:
         self.epoch, self.position, self.resume, self.batches, self.pinned = epoch, position, True, batches, False
+        self._retire("load_state_dict()")
+
+    def _retire(self, why: str) -> None:
+        self.token += 1
+        self._retired_by = why
+
+    def check(self, token: int) -> None:
+        """Raise :class:`PassSupersededError` when the pass holding ``token`` no longer counts."""
+        if token == self.token:
+            return
+        if self._retired_by == "iter()":
+            raise PassSupersededError("this pass was superseded by a newer pass (another iter() of the same loader or stream), which counts the position now: iterate that one")
+        raise PassSupersededError(
+            f"this pass was superseded by {self._retired_by}, which applies to the next pass; its batches are no longer counted: start the next pass with iter(loader) (or `for batch in loader`)"
+        )
 
     def next_pass(self) -> tuple[int, int]:
         """``(epoch, start)`` the next pass would run, before :meth:`begin` (a resumed position may be the epoch's end)."""
@@ -92,6 +119,7 @@ class Progress:
             self.batches = 0
         self.epoch, self.position, self.resume, self.pinned, self.counted = epoch, start, False, False, True
         self.world_size = world_size
+        self._retire("iter()")  # the pass begun here counts under the new token (its caller reads it)
         return start
 
     def advance(self, n: int = 1) -> None:

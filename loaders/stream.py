@@ -326,18 +326,22 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         else:
             settle_heap()  # the trainer's process (a DataLoader at 0 workers)
         rings = self.slot_rings if in_worker and self._emit_packed else None
-        return self._batches(plan, ids, shared=in_worker, count=False, rings=rings, worker=wid)
+        return self._batches(plan, ids, shared=in_worker, rings=rings, worker=wid)
 
     def _direct_pass(self) -> Iterator[Any]:
         """A pass of this object itself; it begins at the first ``next()``, so an iterator made and
         dropped unread (torchdata's restore of a state saved at an epoch's end) starts no epoch."""
-        world = self.world()
-        start = self._progress.begin(world.world_size, self._finished(world.world_size))
+        world, p = self.world(), self._progress
+        start = p.begin(world.world_size, self._finished(world.world_size))
+        token = p.token  # load_state_dict, set_epoch or a newer pass retire it (loaders.passes)
         if start == 0:
             refresh_generations(self)
-        plan = self.plan(self._progress.epoch)
+        plan = self.plan(p.epoch)
         settle_heap()  # the trainer's process
-        yield from self._batches(plan, plan.rank_batches(world.world_size, world.rank, start), shared=False, count=True)
+        for batch in self._batches(plan, plan.rank_batches(world.world_size, world.rank, start), shared=False):
+            p.advance()
+            yield batch
+            p.check(token)  # superseded: raise before building (and counting) another batch
 
     def _new_shard_set(self) -> ShardSet:
         if self.mixture is not None:
@@ -351,7 +355,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             self._reader_pid = os.getpid()
         return self._reader
 
-    def _batches(self, plan: EpochPlan, ids: np.ndarray, shared: bool, count: bool, rings: SlotRings | None = None, worker: int = 0) -> Iterator[Any]:
+    def _batches(self, plan: EpochPlan, ids: np.ndarray, shared: bool, rings: SlotRings | None = None, worker: int = 0) -> Iterator[Any]:
         shards = self._shards()
         threads = 1 if shared else (self._decode_threads or min(4, os.cpu_count() or 1))
         store = getattr(self.view, "store", None)
@@ -376,9 +380,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             if closes is not None:
                 shards.release(closes[k])
             packed = PackedBatch(buf, self._spec, slot[1] if slot is not None else None)
-            if count:
-                self._progress.advance()
-            elif self._worker_pass is not None and not self._emit_packed:
+            if self._worker_pass is not None and not self._emit_packed:
                 self._worker_pass[-1] += 1  # before the yield: a worker's state_dict() is taken while suspended here
             yield packed if self._emit_packed else packed.unpack()
 
