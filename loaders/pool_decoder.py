@@ -56,7 +56,7 @@ CHUNK_BYTES = 4 << 20
 A whole pool in one call (~30 MB for 1,000 default graphs) made zstd's output buffer a fresh
 ``mmap`` each time (above glibc's largest dynamic mmap threshold, 32 MB, or near it): 1,300-4,100
 page faults and ~30% more CPU per pool; chunks this size are served from the heap again (DECISIONS
-"`twins` pool batches: the GIL bound, and 2 workers"). The rows and their bytes are the same."""
+"`twins` pool batches: one decode thread, page faults, and 2 workers"). The rows and their bytes are the same."""
 
 
 def decode_rows(shards: ShardSet, ids: np.ndarray, decode: list[str], threads: int, host: dict[str, np.ndarray], lo: int, zero: list[str], copied: Any = None, chunk_bytes: int | None = None) -> None:
