@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, TypeVar, cast
 
 from cachebuild.errors import CacheBuildError, ConfigError, RemoteError, ShardCorruptError
-from cachebuild.format.atomic import open_tmp
 from cachebuild.format.limits import MAX_MANIFEST_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from loaders.fetchpool import DaemonPool
-from loaders.localcache import LocalShardCache
+from loaders.localcache import LocalShardCache, open_reserved
 from loaders.old_layout import sweep_old_layout
 
 T = TypeVar("T")
@@ -232,7 +231,7 @@ class ShardFetcher:
             tmp = self.cache.reserve(local, size, keep)
             try:
                 h = hashlib.sha256()
-                with _open_url(url, self.opts) as src, open_tmp(tmp) as dst:
+                with _open_url(url, self.opts) as src, open_reserved(tmp) as dst:
 
                     def sink(chunk: bytes) -> None:
                         h.update(chunk)
