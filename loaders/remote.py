@@ -43,6 +43,8 @@ __all__ = ["is_remote", "RemoteOptions", "check_remote_options", "fetch_manifest
 _CHUNK = 4 << 20
 _URL_SAFE = ":/?#[]@!$&'()*+,;=%~"  # reserved characters and existing %-escapes stay as they are
 _PROGRESS_BYTES = 1 << 20  # a download must receive this much within each timeout_s
+_CLIENT_MODULES = frozenset({"botocore", "aiobotocore", "s3fs", "fsspec", "gcsfs", "adlfs", "aiohttp", "google", "azure"})
+"""Packages whose exceptions are a storage client's faults (not OSErrors: botocore's are its own), retried then a ``RemoteError``."""
 
 
 def is_remote(location: str | os.PathLike[str]) -> bool:
@@ -135,6 +137,11 @@ def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
             if isinstance(exc, CacheBuildError):  # ShardCorruptError: the download's own check
                 raise
             raise RemoteError(_one_line(f"cannot fetch {url}: {exc}")) from exc
+        except Exception as exc:  # a storage client's own types: botocore's EndpointConnectionError, NoCredentialsError, ...
+            if isinstance(exc, CacheBuildError) or type(exc).__module__.split(".")[0] not in _CLIENT_MODULES:
+                raise
+            if attempt == opts.retries:
+                raise RemoteError(f"cannot fetch {url} after {opts.retries + 1} attempts: {type(exc).__name__}: {_one_line(str(exc))}") from exc
         time.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")
