@@ -235,7 +235,12 @@ class ShardFetcher:
         self.cache.check_fits(local, size)
 
         def get() -> Path:
-            tmp = self.cache.reserve(local, size, keep)
+            tmp = self.cache.claim(local, size, keep)
+            if tmp is None:  # another process of the node is downloading it: its bytes, checked, not a second download
+                hit = self.cache.wait_for(local, size, self.opts.timeout_s)
+                if hit is not None:
+                    return hit
+                tmp = self.cache.reserve(local, size, keep)  # that download failed or stalled: our own
             try:
                 h = hashlib.sha256()
                 with _open_url(url, self.opts) as src, open_reserved(tmp) as dst:
