@@ -3,7 +3,7 @@
 Found by the acceptance audit of issue 6: a Dask worker (and a Ray worker) killed while writing
 ``shard-00017.tar`` left ``shard-00017.tar.tmp-<pid>`` (2.9 MB) in the cache; the cluster ran the
 shard again elsewhere, the build ended "91 built", and neither it nor a rerun ("nothing to do")
-removed the file. Real processes: the build's own Dask ``LocalCluster``, a worker that dies once.
+removed the file. Real processes: the build's own Dask ``LocalCluster`` and a local Ray, a worker that dies once.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ def make(mark=""):
 def _build(user: Path, out: Path, backend: str, mark: Path) -> subprocess.CompletedProcess:
     (user / "recipe.toml").write_text(f'kind = "lostuser:make"\nrecords = 600\n[params]\nmark = "{mark}"\n[build]\nshard_mb = 0.001\n')
     args = [sys.executable, "-m", "cachebuild.cli", "build", "-c", "recipe.toml", "-o", str(out), "-q", "--backend", backend, "-j", "2"]
-    return subprocess.run(args, cwd=user, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=200)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled"}  # (Ray: a local Ray of its own)
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(args, cwd=user, env=env, capture_output=True, text=True, timeout=200)
 
 
 def _files(out: Path) -> dict[str, str]:
@@ -60,10 +62,11 @@ def user(tmp_path: Path) -> Path:
 
 @pytest.mark.dist
 @pytest.mark.timeout(240)
-def test_a_dask_worker_lost_mid_shard_leaves_no_temp_file(tmp_path: Path, user: Path) -> None:
-    pytest.importorskip("distributed")
+@pytest.mark.parametrize("backend", ["dask", "ray"])
+def test_a_worker_lost_mid_shard_leaves_no_temp_file(tmp_path: Path, user: Path, backend: str) -> None:
+    pytest.importorskip({"dask": "distributed", "ray": "ray"}[backend])
     mark = tmp_path / "died"
-    res = _build(user, tmp_path / "out", "dask", mark)
+    res = _build(user, tmp_path / "out", backend, mark)
     assert res.returncode == 0 and mark.exists(), res.stderr[-4000:]  # a worker died, and the build went on
     left = [p.name for p in (tmp_path / "out").iterdir() if is_tmp_name(p)]
     assert not left, left
