@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, TypeVar, cast
 
 from cachebuild.errors import CacheBuildError, ConfigError, RemoteError, ShardCorruptError
-from cachebuild.format.atomic import open_tmp
 from cachebuild.format.limits import MAX_MANIFEST_BYTES
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest
 from loaders.fetchpool import DaemonPool
-from loaders.localcache import LocalShardCache
+from loaders.localcache import LocalShardCache, open_reserved
 from loaders.old_layout import sweep_old_layout
 
 T = TypeVar("T")
@@ -44,6 +43,8 @@ __all__ = ["is_remote", "RemoteOptions", "check_remote_options", "fetch_manifest
 _CHUNK = 4 << 20
 _URL_SAFE = ":/?#[]@!$&'()*+,;=%~"  # reserved characters and existing %-escapes stay as they are
 _PROGRESS_BYTES = 1 << 20  # a download must receive this much within each timeout_s
+_CLIENT_MODULES = frozenset({"botocore", "aiobotocore", "s3fs", "fsspec", "gcsfs", "adlfs", "aiohttp", "google", "azure"})
+"""Packages whose exceptions are a storage client's faults (not OSErrors: botocore's are its own), retried then a ``RemoteError``."""
 
 
 def is_remote(location: str | os.PathLike[str]) -> bool:
@@ -136,6 +137,11 @@ def _with_retries(url: str, opts: RemoteOptions, action: Callable[[], T]) -> T:
             if isinstance(exc, CacheBuildError):  # ShardCorruptError: the download's own check
                 raise
             raise RemoteError(_one_line(f"cannot fetch {url}: {exc}")) from exc
+        except Exception as exc:  # a storage client's own types: botocore's EndpointConnectionError, NoCredentialsError, ...
+            if isinstance(exc, CacheBuildError) or type(exc).__module__.split(".")[0] not in _CLIENT_MODULES:
+                raise
+            if attempt == opts.retries:
+                raise RemoteError(f"cannot fetch {url} after {opts.retries + 1} attempts: {type(exc).__name__}: {_one_line(str(exc))}") from exc
         time.sleep(delay)
         delay *= 2
     raise AssertionError("unreachable")
@@ -229,10 +235,15 @@ class ShardFetcher:
         self.cache.check_fits(local, size)
 
         def get() -> Path:
-            tmp = self.cache.reserve(local, size, keep)
+            tmp = self.cache.claim(local, size, keep)
+            if tmp is None:  # another process of the node is downloading it: its bytes, checked, not a second download
+                hit = self.cache.wait_for(local, size, self.opts.timeout_s)
+                if hit is not None:
+                    return hit
+                tmp = self.cache.reserve(local, size, keep)  # that download failed or stalled: our own
             try:
                 h = hashlib.sha256()
-                with _open_url(url, self.opts) as src, open_tmp(tmp) as dst:
+                with _open_url(url, self.opts) as src, open_reserved(tmp) as dst:
 
                     def sink(chunk: bytes) -> None:
                         h.update(chunk)

@@ -31,3 +31,13 @@ def test_threading_builds_the_same_bytes_from_generate_and_mel(tmp_path: Path, a
         assert res.exit_code == 0, res.output
     assert _hashes(tmp_path / "loky") == _hashes(tmp_path / "threading")
     assert len(_hashes(tmp_path / "loky")) > 3
+
+
+@pytest.mark.parametrize("command", ["generate", "mel", "build"])
+def test_workers_help_says_what_it_means_on_a_cluster(command: str) -> None:
+    """Audit of issue 6: `-j` said "parallel worker processes" only, but a build on a running Dask cluster
+    (`--scheduler`) sends every shard to it and the cluster's threads decide; on Ray it caps the shards at a time."""
+    res = CliRunner(env={"COLUMNS": "400"}).invoke(main, [command, "--help"])
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    assert "not used with --scheduler" in text and "--backend ray: shards at a time" in text, res.output

@@ -31,7 +31,7 @@ from cachebuild.builder.overwrite import discard_unstarted, finish_swap, open_st
 from cachebuild.builder.output import LocalOutput, Output, open_output
 from cachebuild.builder.pack_choice import choose_pack, choose_share
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
-from cachebuild.builder.prepare import check_local, complete_read_only, prepare_out, read_only_folder, read_only_refusal
+from cachebuild.builder.prepare import check_local, complete_read_only, prepare_out, read_only_folder, read_only_refusal, remove_leftovers
 from cachebuild.builder.source import RecordSource
 from cachebuild.builder.stale import changed_inputs_note
 from cachebuild.builder.stop import raise_if_stopped
@@ -325,6 +325,7 @@ def _make(source: RecordSource, opts: BuildOptions, out: Output, plan: list[Shar
     finally:
         bar.close()
     shards = [done[spec.index] for spec in plan]
+    remove_leftovers(out)  # a worker killed mid-shard (a lost Dask or Ray worker) left its temp file; the shard was redone
     _write_final_manifest(source, opts, out, shards, fingerprint, per_shard)
     out.remove(BUILD_RECORD)
     return len(todo), shards

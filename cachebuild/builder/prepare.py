@@ -38,7 +38,7 @@ from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.manifest import MANIFEST_NAME, READ_VERSIONS, Manifest
 from cachebuild.format.names import FORMAT_NAME
 
-__all__ = ["Prepared", "prepare_out", "check_local", "read_only_folder", "complete_read_only", "read_only_refusal"]
+__all__ = ["Prepared", "prepare_out", "check_local", "read_only_folder", "complete_read_only", "read_only_refusal", "remove_leftovers"]
 
 Prepared = Literal["complete", "build", "stage"]
 
@@ -152,6 +152,7 @@ def prepare_out(out: Output, doc: dict[str, Any], fingerprint: str, overwrite: b
     if manifest is not None and previous == fingerprint:
         if not manifest_damaged(out, manifest):
             drop_redundant_staging(out, fingerprint)
+            remove_leftovers(out)  # a cache finished while a killed worker's temp file stayed (builds before 2026-11-24)
             return "complete"
         out.remove(MANIFEST_NAME)  # not complete any more: the resume re-checks every shard (sha256) and rebuilds the bad ones
         return "build"
@@ -165,7 +166,14 @@ def prepare_out(out: Output, doc: dict[str, Any], fingerprint: str, overwrite: b
                 f"{out.location} holds a cache built with another config, seed, codec or size{' (' + differs + ')' if differs else ''}; pass --overwrite to replace it, or choose another --out{hint}"
             )
         return "stage"
-    for n in names:
+    remove_leftovers(out, names)
+    return "build"
+
+
+def remove_leftovers(out: Output, names: list[str] | None = None) -> None:
+    """Remove the temporary files of interrupted writes at ``out`` (``shard-00017.tar.tmp-5511``: a worker
+    killed mid-shard, whose shard the build then rebuilt elsewhere). Called with the build's lock held
+    (local outputs), when no shard of this build is being written."""
+    for n in out.names() if names is None else names:
         if is_tmp_name(Path(n)):
             out.remove(n)
-    return "build"

@@ -117,7 +117,8 @@ def _ray_session(address: str | None, quiet: bool = False) -> Iterator[Any]:
             try:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR if quiet else logging.WARNING)
             except ConnectionError as exc:  # a port that accepted the TCP check but did not answer as Ray
-                raise ConfigError(f"cannot connect to the Ray cluster at {address or os.environ.get('RAY_ADDRESS') or 'a new local Ray'}: {' '.join(str(exc).split())}") from None
+                where = address or os.environ.get("RAY_ADDRESS") or "a new local Ray"
+                raise ConfigError(f"cannot connect to the Ray cluster at {where}: {' '.join(str(exc).split())}{_token_hint(exc)}") from None
             finally:
                 note.removeFilter(quiet_note)
             started = True
@@ -126,6 +127,22 @@ def _ray_session(address: str | None, quiet: bool = False) -> Iterator[Any]:
     finally:
         if started:
             ray.shutdown()
+
+
+def _token_hint(exc: BaseException) -> str:
+    """What to do when the cluster refused this process's token (Ray's token authentication), else "".
+
+    ``ray start --head`` turns token authentication on when ``~/.ray/auth_token`` exists (any local
+    ``ray.init()``, a build with ``--backend ray`` and no address, writes one), and ``ray.init`` sends
+    the token by itself only for ``auto``: an explicit ``HOST:PORT`` got "Failed to connect", with the
+    reason only in Ray's log lines above it."""
+    if "InvalidAuthToken" not in str(exc.__cause__ or exc.__context__ or ""):
+        return ""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return (
+            "; the cluster wants Ray's token authentication: set RAY_AUTH_MODE=token, with the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN (Ray does this by itself only for --address auto)"
+        )
+    return "; the cluster refused this token: RAY_AUTH_TOKEN (or ~/.ray/auth_token) must hold the cluster's token"
 
 
 def ray_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, address: str | None, workers: int | None, quiet: bool = False) -> Iterator[Any]:

@@ -22,10 +22,14 @@ OVERWRITE_HELP = (
 )
 QUIET_HELP = "No progress bar, and no log lines of the cluster (Ray: errors only); the summary, warnings and errors stay."
 BACKEND_HELP = "What runs the shards: loky (local processes), threading, dask (one task per shard on the cluster) or ray."
+WORKERS_HELP = (
+    "Parallel worker processes (default: all cores); --backend dask: the workers of the cluster it starts (not used with "
+    "--scheduler: that cluster runs a shard per worker thread); --backend ray: shards at a time (default: the cluster's CPUs)."
+)
 
 
 def _workers_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel worker processes (default: all cores).")(fn)
+    return click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)(fn)
 
 
 def _check_cluster_flags(backend: str, scheduler: str | None = None, address: str | None = None) -> None:
@@ -181,7 +185,7 @@ def mel_command(from_h5, from_wav, synthetic, out, config_path, seed, workers, c
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any recipe key, e.g. --set params.length=128 (repeatable).")
 @click.option("--records", "-n", type=click.IntRange(min=1), default=None, help="Number of records [default: the recipe's count key: graphs, records; mel: one per input, fixed by its [source]].")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Base seed [default: the recipe's, else 0; with --append: the cache's own].")
-@click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help="Parallel worker processes (default: all cores).")
+@click.option("--workers", "-j", type=click.IntRange(min=1), default=None, help=WORKERS_HELP)
 @click.option(
     "--pack",
     type=int,
