@@ -165,3 +165,19 @@ def test_a_rerun_or_append_onto_such_a_manifest_is_one_line_and_changes_nothing(
 
     assert re.search(pattern, str(result["exc"])) and "\n" not in str(result["exc"]), str(result["exc"])
     assert sorted((p.name, p.is_symlink()) for p in root.iterdir() if p.name != ".cachebuild-build.lock") == before
+
+
+def test_a_build_lock_hard_linked_to_a_users_file_is_refused_not_written(tmp_path: Path, good: Path) -> None:
+    """``O_NOFOLLOW`` stops a symbolic link at the lock's name, not a hard link: the holder record
+    (pid, host) was written over the linked file."""
+    from cachebuild.builder.lock import LOCK_NAME
+    from cachebuild.builder.prune import prune_cache
+    from cachebuild.errors import OutputError
+
+    root, victim = tmp_path / "cache", tmp_path / "victim.txt"
+    shutil.copytree(good, root)
+    victim.write_text("the user's own file")
+    os.link(victim, root / LOCK_NAME)
+    with pytest.raises(OutputError, match=r"\.cachebuild-build\.lock is a hard link to another file"):
+        prune_cache(root)  # was: the victim truncated and overwritten with the holder's pid and host
+    assert victim.read_text() == "the user's own file"
