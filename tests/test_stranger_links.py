@@ -181,3 +181,14 @@ def test_a_build_lock_hard_linked_to_a_users_file_is_refused_not_written(tmp_pat
     with pytest.raises(OutputError, match=r"\.cachebuild-build\.lock is a hard link to another file"):
         prune_cache(root)  # was: the victim truncated and overwritten with the holder's pid and host
     assert victim.read_text() == "the user's own file"
+
+
+@pytest.mark.parametrize("view", ["twins", "mel", "graphs"])
+def test_a_cache_without_a_views_fields_is_a_cachebuild_error(good: Path, view: str) -> None:
+    """A stranger's cache of another kind opened with the view a trainer expects: one line naming the
+    missing fields, as a :class:`ConfigError` (still a ``ValueError``) the CLI and trainers catch with ours."""
+    from cachebuild.errors import ConfigError
+    from loaders import ShardStream
+
+    with pytest.raises(ConfigError, match=rf"view '{view}' needs field\(s\) \[.*\] that cache .*good \(kind 'toy'\) lacks; it has \['ident', 'json', 'mat', 'vec'\]"):
+        ShardStream(good, view=view, batch_size=8)  # was: a builtin ValueError
