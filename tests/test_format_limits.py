@@ -104,3 +104,20 @@ def test_frame_header_parser_agrees_with_zstd():
     offsets = np.cumsum([0] + [len(f) for f in frames[:-1]])
     got = frame_content_sizes(np.frombuffer(blob, np.uint8), offsets, np.array([len(f) for f in frames]))
     assert got.tolist() == [zstandard.frame_content_size(f) for f in frames[:-2]] + [-2, -2]
+
+
+def test_json_of_too_many_values_is_refused_before_parsing():
+    """Acceptance audit of issue 10: 200 MB of ``[],`` in a manifest (under its 256 MiB limit) parsed to
+    5.1 GB and passed ``verify``. Values (containers and commas outside strings) are counted first; the
+    depth pass runs in chunks, so a manifest near its byte limit peaks at about 3x its size."""
+    from cachebuild.format.limits import MAX_MANIFEST_BYTES
+
+    MAX_JSON_VALUES = 1 << 24  # cachebuild.format.limits.MAX_JSON_VALUES (spelt out, so the test also runs before it existed)
+    many = b"[" + b"[]," * MAX_JSON_VALUES + b"[]]"  # 50 MB, ~1.2 GB once parsed
+    with pytest.raises(ManifestError, match=f"m: JSON of about {MAX_JSON_VALUES * 2 + 2} values exceeds the limit of {MAX_JSON_VALUES}"):
+        load_json_bounded(many, "m", ManifestError, MAX_MANIFEST_BYTES)
+    commas = json.dumps({"s": "[" * 70 + ",", "x": [1] * 1000, "d": [[[[0]]]] * 100}).encode()  # brackets and commas inside strings are not counted
+    assert load_json_bounded(commas, "m", ManifestError, MAX_MANIFEST_BYTES)["d"][0] == [[[0]]]
+    chunked = b"[" * 40 + b"0," * (5 << 20) + b"[" * 30 + b"]" * 70  # nesting that spans the depth pass's 4 MiB chunks
+    with pytest.raises(ManifestError, match="JSON nested 70 levels deep"):
+        load_json_bounded(chunked, "m", ManifestError, MAX_MANIFEST_BYTES)

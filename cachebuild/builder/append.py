@@ -54,7 +54,7 @@ from cachebuild.errors import CacheMismatchError, ConfigError, ManifestError
 from cachebuild.format.atomic import is_tmp_name
 from cachebuild.format.generations import GENERATIONS_DIR, generation_of, generation_seed, generations_dir
 from cachebuild.format.limits import MAX_MEMBER_BYTES
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, confined_file, read_manifest
 
 __all__ = ["append_cache", "discard_unfinished", "RECIPE_KEYS"]
 
@@ -67,7 +67,7 @@ def _local_cache(opts: BuildOptions) -> LocalOutput:
     out = open_output(opts.out, opts.storage_options)
     if not isinstance(out, LocalOutput):
         raise ConfigError(f"--append needs a local cache folder (or a shared filesystem), got {out.location}: append there, then upload")
-    if not (out.path / MANIFEST_NAME).is_file():
+    if not confined_file(out.path, MANIFEST_NAME, ManifestError).is_file():  # a link out of the cache, a FIFO: refused by name
         what = (
             "does not exist"
             if not out.path.exists()

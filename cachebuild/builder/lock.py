@@ -49,6 +49,9 @@ def _acquire(folder: Path) -> int:
             if exc.errno == errno.ELOOP:
                 raise OutputError(f"{path} is a symbolic link, not cachebuild's build lock (a plain file it writes): delete it, then rerun") from exc
             raise OutputError(f"cannot create the build lock {path}: {exc.strerror}") from exc
+        if os.fstat(fd).st_nlink > 1:  # a hard link to another file (the holder record is written into it)
+            os.close(fd)
+            raise OutputError(f"{path} is a hard link to another file, not cachebuild's build lock (a plain file it writes): delete it, then rerun")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -15,7 +15,8 @@ from typing import Any
 from cachebuild.builder.lock import LOCK_NAME
 from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name
 from cachebuild.format.generations import GENERATIONS_DIR
-from cachebuild.format.manifest import MANIFEST_NAME, ShardEntry
+from cachebuild.format.limits import MAX_MANIFEST_BYTES
+from cachebuild.format.manifest import MANIFEST_NAME, ShardEntry, confined_file
 
 __all__ = ["BUILD_RECORD", "STAGING_DIR", "is_ours", "holds_cache", "manifest_damaged", "done_name", "write_done", "read_valid_done", "file_sha256", "write_json", "read_json"]
 
@@ -65,10 +66,12 @@ def write_json(path: Path, doc: dict[str, Any], sync: bool = True) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON document, or None when missing or unreadable (treated as not done)."""
+    """A JSON document, or None when missing or unreadable (treated as not done): a link out of the
+    folder, a FIFO (which would block), or a file over :data:`MAX_MANIFEST_BYTES` is unreadable too."""
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        with open(confined_file(path.parent, path.name), "rb") as fh:
+            doc = json.loads(fh.read(MAX_MANIFEST_BYTES + 1))
+    except (OSError, ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
 

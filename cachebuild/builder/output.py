@@ -20,7 +20,9 @@ from typing import Any
 
 from cachebuild.builder.markers import file_sha256, read_json, write_json
 from cachebuild.format.atomic import fsync_dir
-from cachebuild.errors import CacheBuildError, OutputError
+from cachebuild.errors import CacheBuildError, ManifestError, OutputError
+from cachebuild.format.limits import MAX_MANIFEST_BYTES
+from cachebuild.format.manifest import confined_file
 
 __all__ = ["Output", "LocalOutput", "RemoteOutput", "open_output", "is_url"]
 
@@ -58,7 +60,10 @@ class LocalOutput:
         atomic_write_bytes(self.path / name, data)
 
     def read_bytes(self, name: str) -> bytes:
-        return (self.path / name).read_bytes()
+        """``name``'s bytes: a link out of the folder or a FIFO is one line, and a JSON file (the manifest)
+        is read to at most :data:`MAX_MANIFEST_BYTES` + 1, which its parser then refuses as too large."""
+        with open(confined_file(self.path, name, ManifestError), "rb") as fh:
+            return fh.read(MAX_MANIFEST_BYTES + 1) if name.endswith(".json") else fh.read()
 
     def remove(self, name: str) -> None:
         p = self.path / name

@@ -99,6 +99,8 @@ def _check_manifest_readable(out: Output) -> None:
     the folder were empty."""
     try:
         data = out.read_bytes(MANIFEST_NAME)
+    except ManifestError:
+        raise  # (a link out of the folder, a FIFO: the line names it already)
     except OSError as exc:
         raise ManifestError(f"cannot read {out.location}/{MANIFEST_NAME}: {exc}") from exc
     try:

@@ -39,7 +39,7 @@ import numpy as np
 
 from cachebuild.errors import ManifestError
 from cachebuild.format.limits import MAX_MANIFEST_BYTES
-from cachebuild.format.manifest import Manifest, read_manifest
+from cachebuild.format.manifest import Manifest, confined_file, read_manifest
 
 __all__ = [
     "GENERATIONS_DIR",
@@ -107,7 +107,7 @@ def read_generation(root: str | Path, generation: int) -> Manifest:
     current = read_manifest(root)
     if generation_of(current) == generation:
         return current
-    path = snapshot_path(root, generation)
+    path = confined_file(Path(root), str(snapshot_path(root, generation).relative_to(root)), ManifestError)
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_MANIFEST_BYTES + 1)

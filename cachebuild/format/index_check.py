@@ -29,7 +29,7 @@ from cachebuild.format.packing import is_first_entry, tar_order
 from cachebuild.format.shared_frames import coincides, declared_ok, frame_layout
 from cachebuild.format.tarball import tar_headers
 
-__all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_names", "frame_content_sizes", "frame_headers", "parse_frame_headers"]
+__all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_names", "frame_content_sizes", "frame_ends", "frame_headers", "parse_frame_headers"]
 
 _HEADER = MEMBER_MIN_BYTES
 _NAME_BYTES = 100
@@ -244,6 +244,15 @@ def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str
             f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': zstd frame {what}, "
             f"the index allows {int(lo[bad[0]])}..{int(hi[bad[0]])} (corrupt or a decompression bomb)"
         )
+    ends = frame_ends(np.frombuffer(view, np.uint8), flat["offset"], flat["size"])
+    bad = np.flatnonzero(ends != flat["offset"] + flat["size"])
+    if bad.size:
+        r, j = divmod(int(bad[0]), len(fields))
+        end = int(ends[bad[0]] - flat["offset"][bad[0]])
+        raise ShardCorruptError(
+            f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': zstd frame "
+            + (f"ends after {end} of the entry's {int(flat['size'][bad[0]])} bytes (more bytes after it: another frame, which `zstd -d` would decode too)" if end >= 0 else "has a bad block header")
+        )
 
 
 _ZSTD_MAGIC = np.array([0x28, 0xB5, 0x2F, 0xFD], np.uint8)
@@ -280,6 +289,31 @@ def parse_frame_headers(hdr: np.ndarray, size: np.ndarray) -> np.ndarray:
     out = np.where(nfcs == 0, -1, np.minimum(value, np.uint64(1 << 62)).astype(np.int64))
     ok = (hdr[:, :4] == _ZSTD_MAGIC).all(axis=1) & ((fhd & 0x08) == 0) & (pos + nfcs + 3 <= size)
     return np.where(ok, out, -2)
+
+
+def frame_ends(tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Where each zstd frame at ``offset`` (of stored length ``size``) ends in ``tar``, walking its block
+    headers (RFC 8878, 3.1.1.2) for all frames at once, one step per block; -1 for a bad block
+    header or a frame that runs past ``offset + size``. Frames already passed :func:`parse_frame_headers`."""
+    hdr = frame_headers(tar, offset)
+    fhd = hdr[:, 4].astype(np.int64)
+    fcs_flag, single = fhd >> 6, (fhd >> 5) & 1
+    nfcs = np.where((fcs_flag == 0) & (single == 1), 1, _FCS_BYTES[fcs_flag])
+    pos = offset.astype(np.int64) + 5 + (1 - single) + _DICT_BYTES[fhd & 3] + nfcs
+    stop = offset.astype(np.int64) + size.astype(np.int64)
+    end = np.full(len(offset), -1, np.int64)
+    active = np.flatnonzero(pos + 3 <= stop)
+    while active.size:
+        at = pos[active]
+        b = tar[at].astype(np.int64) | tar[at + 1].astype(np.int64) << 8 | tar[at + 2].astype(np.int64) << 16
+        kind, body = (b >> 1) & 3, b >> 3
+        nxt = at + 3 + np.where(kind == 1, 1, body)
+        last = (b & 1) == 1
+        done = last & (kind != 3)
+        end[active[done]] = nxt[done] + 4 * ((fhd[active[done]] >> 2) & 1)  # the content checksum
+        pos[active] = nxt
+        active = active[~last & (kind != 3) & (nxt + 3 <= stop[active])]
+    return np.where(end <= stop, end, -1)
 
 
 def frame_content_sizes(tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> np.ndarray:

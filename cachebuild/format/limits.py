@@ -36,6 +36,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
+    "MAX_JSON_VALUES",
     "MAX_NPY_HEADER",
     "MAX_MEMBER_BYTES",
     "MAX_SHARD_BYTES",
@@ -53,6 +54,7 @@ __all__ = [
 MAX_MANIFEST_BYTES = 256 << 20  # ~40 MB per million shards; far above any real cache
 MAX_JSON_BYTES = 16 << 20  # a JSON member is per-record metadata
 MAX_JSON_DEPTH = 64
+MAX_JSON_VALUES = 1 << 24  # containers + commas: 3x the ~5M values of a 500,000-shard manifest; ~1.2 GB parsed at worst
 MAX_NPY_HEADER = 4096  # bytes before the array data in a decoded .npy member (numpy writes 128)
 MAX_MEMBER_BYTES = 4 << 30  # decoded array data of one member
 MAX_SHARD_BYTES = 1 << 44  # 16 TiB
@@ -100,23 +102,34 @@ def decoded_limit(dtype: str, max_shape: tuple[int, ...]) -> int:
     return n
 
 
-def _json_depth(data: bytes) -> int:
-    """Deepest nesting of ``[``/``{`` outside strings (vectorised over the bytes)."""
-    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
-        return 0  # cannot be deeper than the number of openers
-    stripped = np.frombuffer(_STRING_RE.sub(b'""', data), np.uint8)
-    step = np.isin(stripped, (ord("["), ord("{"))).astype(np.int64) - np.isin(stripped, (ord("]"), ord("}")))
-    return int(np.cumsum(step).max()) if step.size else 0
+def _json_shape(data: bytes) -> tuple[int, int]:
+    """Deepest nesting of ``[``/``{`` outside strings, and the number of containers and commas outside
+    strings (about the number of values the parser makes), vectorised over the bytes."""
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH and data.count(b",") <= MAX_JSON_VALUES - MAX_JSON_DEPTH:
+        return 0, 0  # cannot be deeper than the number of openers, nor hold more values than commas and openers
+    text = _STRING_RE.sub(b'""', data)
+    values = text.count(b"[") + text.count(b"{") + text.count(b",")
+    if values > MAX_JSON_VALUES:
+        return 0, values  # (refused for that; the depth pass below would cost 8 bytes a byte at once)
+    stripped, depth, level = np.frombuffer(text, np.uint8), 0, 0
+    for at in range(0, len(stripped), 1 << 22):  # in 4 MiB chunks: 32 MiB of int64 at a time, whatever the size
+        chunk = stripped[at : at + (1 << 22)]
+        step = np.isin(chunk, (ord("["), ord("{"))).astype(np.int64) - np.isin(chunk, (ord("]"), ord("}")))
+        run = np.cumsum(step) + level
+        depth, level = max(depth, int(run.max())), int(run[-1])
+    return depth, values
 
 
 def load_json_bounded(data: bytes | memoryview, where: str, error: type[CacheBuildError] = ManifestError, max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """Parse JSON of at most ``max_bytes`` bytes and :data:`MAX_JSON_DEPTH` levels; faults raise ``error`` naming ``where``."""
+    """Parse JSON of at most ``max_bytes`` bytes, :data:`MAX_JSON_DEPTH` levels and :data:`MAX_JSON_VALUES` values; faults raise ``error`` naming ``where``."""
     if len(data) > max_bytes:
         raise error(f"{where}: JSON of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
     data = bytes(data)
-    depth = _json_depth(data)
+    depth, values = _json_shape(data)
     if depth > MAX_JSON_DEPTH:
         raise error(f"{where}: JSON nested {depth} levels deep exceeds the limit of {MAX_JSON_DEPTH}")
+    if values > MAX_JSON_VALUES:  # ~72 bytes of Python objects each: 200 MB of "[]," parsed to 5 GB
+        raise error(f"{where}: JSON of about {values} values exceeds the limit of {MAX_JSON_VALUES} (a manifest holds about 10 a shard)")
     try:
         return json.loads(data, parse_constant=refuse_constant)
     except (ValueError, RecursionError) as exc:

@@ -7,14 +7,16 @@ name, first record id, record count, bytes and checksums.
 
 from __future__ import annotations
 
+import errno
 import json
+import stat
 from dataclasses import MISSING, dataclass, field, fields as dataclass_fields
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from cachebuild.errors import ManifestError, SourceError
+from cachebuild.errors import CacheBuildError, ManifestError, ShardCorruptError, SourceError
 from cachebuild.format.codec import Codec, parse_codec
 from cachebuild.format.limits import MAX_MANIFEST_BYTES, check_manifest, check_tables, load_json_bounded
 from cachebuild.format.names import FORMAT_NAME, FORMAT_VERSION, JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION, SHARED_VERSION
@@ -181,9 +183,33 @@ def _missing_manifest_hint(root: Path) -> str:
     return " (not a cachebuild cache: build one with `cachebuild generate`, `mel` or `build`)"
 
 
+def confined_file(root: Path, name: str, error: type[CacheBuildError] = ShardCorruptError) -> Path:
+    """``root / name`` for reading, refused with ``error`` when it is a symbolic link that leads
+    outside ``root`` (or loops), or anything but a regular file (a FIFO, a device, a folder): the
+    manifest's names are plain names (:mod:`cachebuild.format.limits`), and a stranger's folder
+    must not make a reader open a file elsewhere through a link, or block on a FIFO. A missing
+    file is left to the caller's own message."""
+    path = root / name
+    try:
+        st = path.lstat()
+        target = path.resolve() if stat.S_ISLNK(st.st_mode) else path
+        if target is not path:
+            st = target.stat()
+    except FileNotFoundError:
+        return path
+    except (OSError, RuntimeError) as exc:  # a link loop (RuntimeError from resolve() before Python 3.13), no permission
+        reason = "a symbolic link loop" if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP else exc.strerror
+        raise error(f"{path} cannot be read ({reason}): refused") from None
+    if target is not path and not target.is_relative_to(root.resolve()):
+        raise error(f"{path} is a symbolic link to {target}, outside the cache {root}: a cache is read only inside its folder")
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{path} is not a regular file (a FIFO, device or folder): refused")
+    return path
+
+
 def read_manifest(root: str | Path) -> Manifest:
     """Read ``root/manifest.json``; a missing cache gives a message naming the path."""
-    path = Path(root) / MANIFEST_NAME
+    path = confined_file(Path(root), MANIFEST_NAME, ManifestError)
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_MANIFEST_BYTES + 1)

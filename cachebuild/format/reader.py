@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, TypeVar
@@ -37,7 +36,7 @@ from cachebuild.format.index_check import check_index, check_member_keys
 from cachebuild.format.open_files import with_file_room
 from cachebuild.format.packing import tar_order
 from cachebuild.format.shared_frames import FrameLayout, coincides, frame_layout
-from cachebuild.format.manifest import Manifest, ShardEntry, read_manifest
+from cachebuild.format.manifest import Manifest, ShardEntry, confined_file, read_manifest
 from cachebuild.format.names import JSON_DTYPE, record_key
 
 __all__ = ["VERIFY_MODES", "LocalFiles", "Locator", "OpenShard", "ShardSet", "check_shard_files", "confined_file", "local_path", "open_cache"]
@@ -57,27 +56,6 @@ def local_path(location: str | Path) -> Path:
     """A local folder given as a path or a ``file://`` URL."""
     s = str(location)
     return Path(s[len("file://") :]) if s.startswith("file://") else Path(s)
-
-
-def confined_file(root: Path, name: str) -> Path:
-    """``root / name`` for reading, refused with a :class:`ShardCorruptError` when it is a symbolic
-    link that leads outside ``root``, or anything but a regular file (a FIFO, a device): the
-    manifest's names are plain names (:mod:`cachebuild.format.limits`), and a stranger's folder
-    must not make a reader open a file elsewhere through a link. A missing file is left to the
-    caller's own message."""
-    path = root / name
-    try:
-        st = path.lstat()
-        target = path.resolve() if stat.S_ISLNK(st.st_mode) else path
-        if target is not path:
-            st = target.stat()
-    except FileNotFoundError:
-        return path
-    if target is not path and not target.is_relative_to(root.resolve()):
-        raise ShardCorruptError(f"{path} is a symbolic link to {target}, outside the cache {root}: a cache is read only inside its folder")
-    if not stat.S_ISREG(st.st_mode):
-        raise ShardCorruptError(f"{path} is not a regular file (a FIFO, device or folder): refused")
-    return path
 
 
 class Locator(Protocol):

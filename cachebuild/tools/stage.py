@@ -27,7 +27,7 @@ from cachebuild.builder.markers import file_sha256
 from cachebuild.errors import CacheBuildError, ConfigError, OutputError, ShardCorruptError
 from cachebuild.format.atomic import atomic_write_bytes, is_tmp_name, open_tmp, output_error, tmp_name
 from cachebuild.format.generations import GENERATIONS_DIR
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, confined_file, read_manifest
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.records import check_structure
 from cachebuild.tools.stage_dst import human, stage_lock
@@ -110,7 +110,7 @@ def _plan(src: Path, manifest: Manifest) -> list[_File]:
     for s in manifest.shards:
         for name, sha in ((s.name, s.sha256), (s.index, s.index_sha256)):
             try:
-                size = (src / name).stat().st_size
+                size = confined_file(src, name).stat().st_size  # a link out of SRC, a loop, a FIFO: one line
             except FileNotFoundError as exc:
                 raise ShardCorruptError(f"source shard {s.name}: {src / name} is missing") from exc
             if name == s.name and size != s.bytes:

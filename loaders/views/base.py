@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from cachebuild.errors import ConfigError
 from cachebuild.format.manifest import FieldSchema, Manifest
 from cachebuild.format.names import JSON_DTYPE
 from loaders.batch import Field, Layout
@@ -124,11 +125,11 @@ def array_fields(manifest: Manifest) -> list[FieldSchema]:
 def require_fields(manifest: Manifest, names: Sequence[str], view: str) -> None:
     """A clear error when a view needs fields the cache does not have (or is given one name, not a list of them)."""
     if isinstance(names, str):  # fields="adj" would read as the fields 'a', 'd', 'j'
-        raise ValueError(f"view '{view}': fields must be a list of field names, got the string {names!r} (write [{names!r}])")
+        raise ConfigError(f"view '{view}': fields must be a list of field names, got the string {names!r} (write [{names!r}])")
     have = set(manifest.field_names)
     missing = [n for n in names if n not in have]
     if missing:
-        raise ValueError(f"view '{view}' needs field(s) {missing} that cache {manifest.root or '?'} (kind '{manifest.kind}') lacks; it has {sorted(have)}")
+        raise ConfigError(f"view '{view}' needs field(s) {missing} that cache {manifest.root or '?'} (kind '{manifest.kind}') lacks; it has {sorted(have)}")
 
 
 def pad_mask(lengths: np.ndarray, size: int, out: np.ndarray | None = None) -> np.ndarray:
