@@ -3,7 +3,8 @@
 Before, each batch's zstd output and decode buffers (tens of MB, freed together) were given back to the
 kernel and faulted in again on the next batch. Measured here as minor page faults per batch in a fresh
 process, against the same process with glibc's malloc options set in the environment, where
-``settle_heap`` leaves glibc's defaults alone (the user's choice wins).
+``settle_heap`` leaves glibc's defaults alone (the user's choice wins), unless the variable was set only
+after the process started (glibc never saw it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from cachebuild import FunctionSource, build
 REPO = Path(__file__).resolve().parents[1]
 
 _CHILD = """
-import json, resource, sys
+import json, os, resource, sys
+if sys.argv[2:] == ["late"]:  # set after this process started, as Dask's LocalCluster does for its workers
+    os.environ["MALLOC_TRIM_THRESHOLD_"] = "65536"
 from loaders import ShardStream, make_loader
 loader = make_loader(ShardStream(sys.argv[1], view="records", batch_size=96, seed=0), num_workers=0)
 for _ in loader:  # warm: the first epoch grows the heap
@@ -31,7 +34,8 @@ before, n = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, 0
 for _ in range(3):
     for _ in loader:
         n += 1
-print(json.dumps({"faults_per_batch": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / n}))
+from cachebuild.format import malloc
+print(json.dumps({"faults_per_batch": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / n, "level": malloc._LEVEL, "module": malloc.__file__}))
 """
 
 
@@ -46,14 +50,21 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _faults(cache: Path, **env: str) -> float:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(cache)], env={**os.environ, "PYTHONPATH": str(REPO), **env}, capture_output=True, text=True, timeout=120, check=True)
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["faults_per_batch"])
+def _faults(cache: Path, *args: str, **env: str) -> dict:
+    """The child's faults per batch, its ``settle_heap`` level and the module it ran; in a clean environment
+    (no malloc variables of the test session's) and the repository as its folder."""
+    clean = {k: os.environ[k] for k in ("PATH", "HOME", "TMPDIR") if k in os.environ}
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(cache), *args], env={**clean, "PYTHONPATH": str(REPO), **env}, cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_batches_at_0_workers_do_not_fault_their_heap_in_again(cache):
-    settled = _faults(cache)
-    glibc_defaults = _faults(cache, MALLOC_TOP_PAD_=str(128 << 10))  # (glibc's default value: only the variable's presence matters)
-    assert glibc_defaults > 200, glibc_defaults  # ~6 MB of records a batch: the default heap gives it back every time
-    assert settled < glibc_defaults / 4, (settled, glibc_defaults)
+    got = _faults(cache)
+    kept = _faults(cache, MALLOC_TOP_PAD_=str(128 << 10))  # (glibc's default value: only the variable's presence matters)
+    settled, glibc_defaults = got["faults_per_batch"], kept["faults_per_batch"]
+    assert got["level"] == 1 and kept["level"] == 1 and got["module"].startswith(str(REPO)), (got, kept)
+    assert glibc_defaults > 200, (got, kept)  # ~6 MB of records a batch: the default heap gives it back every time
+    assert settled < glibc_defaults / 4, (got, kept)
+    late = _faults(cache, "late")  # glibc read its options at the start: a variable set afterwards changed nothing there
+    assert late["faults_per_batch"] < glibc_defaults / 4, (late, kept)

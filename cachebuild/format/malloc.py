@@ -57,7 +57,21 @@ def settle_heap() -> None:
     if _LEVEL >= 1:
         return
     _LEVEL = 1
-    env = os.environ
+    env = _start_environment()
     if any(k in env for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")) or "glibc.malloc" in env.get("GLIBC_TUNABLES", ""):
         return
     _mallopt(_GLIBC_MAX_MMAP_THRESHOLD, _SETTLED_TRIM)
+
+
+def _start_environment() -> dict[str, str]:
+    """The environment this process started with, which is what glibc read its malloc options from
+    (``/proc/self/environ``; ``os.environ`` elsewhere). A variable set later in ``os.environ`` did not
+    reach this process's glibc: Dask's ``LocalCluster``, for one, puts ``MALLOC_TRIM_THRESHOLD_`` there
+    for its workers."""
+    try:
+        with open("/proc/self/environ", "rb") as fh:
+            items = fh.read().split(b"\0")
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.decode("utf-8", "replace").partition("=") for item in items if item)
+    return {k: v for k, _, v in pairs}
