@@ -124,7 +124,9 @@ class StreamLoader(DataLoader[Any]):
                 yield batch
                 progress.check(token)
         except PassSupersededError:
-            raise  # the workers stay: persistent ones serve the next pass
+            if self.num_workers > 0 and not self.persistent_workers:
+                self._stop_workers(it)  # now, not at a later garbage collection of this pass (torch waits 5 s per worker there)
+            raise  # persistent workers stay: they serve the next pass
         except Exception as exc:
             if ahead is not None:
                 ahead.close()

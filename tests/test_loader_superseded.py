@@ -115,3 +115,30 @@ def test_a_newer_pass_supersedes_the_older_one(causal_cache, name):  # noqa: F81
     fresh.set_epoch(1)
     assert [batch_digest(first)] + [batch_digest(b) for b in new] == [batch_digest(b) for b in fresh]
     assert _pos(src.state_dict())[:2] == (1, len(stream))
+
+
+def test_a_superseded_pass_of_fresh_workers_ends_them_at_once(causal_cache):  # noqa: F811
+    """Non-persistent workers of a superseded pass are stopped when it raises, not when its iterator is
+    garbage collected later: there torch's shutdown waited 5 s for each worker (still busy with the
+    batches it had been asked for), in whatever code of the trainer's happened to trigger the collection."""
+    import gc
+    import time
+
+    import psutil
+
+    _, loader = _source(causal_cache, SOURCES["w2-fresh"])
+    before = {p.pid for p in psutil.Process().children()}  # (other tests' helpers, a session's fork server)
+    it = iter(loader)
+    next(it)
+    next(it)
+    workers = [p for p in psutil.Process().children() if p.pid not in before]
+    assert len(workers) == 2, workers
+    loader.set_epoch(5)
+    assert _drain_raises(it) == 0
+    t = time.monotonic()
+    del it
+    gc.collect()
+    assert time.monotonic() - t < 2.0
+    gone = psutil.wait_procs(workers, timeout=3)[1]
+    assert not gone, gone  # the old pass's workers have exited
+    assert sum(1 for _ in loader) == len(loader)  # and the next pass runs whole
