@@ -6,6 +6,7 @@ exactly the uninterrupted epoch, whatever the cut; the next epoch follows.
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from loader_fixtures import all_batches_equal, real_record_ids, batches_equal, causal_cache  # noqa: F401
@@ -68,10 +69,15 @@ def test_stateful_dataloader_refuses_another_worker_count_in_one_line(causal_cac
     for now in (1, 3):
         fresh = sdl.StatefulDataLoader(_stream(causal_cache), batch_size=None, num_workers=now)
         fresh.load_state_dict(state)
+        before = {p.pid for p in psutil.Process().children()}
         with pytest.raises(WorkerStateError) as info:
             list(fresh)
         _one_line(info.value, 2, now)
         assert isinstance(info.value, ValueError)
+        # The iterator raised while starting, its workers already running: torch's later shutdown of it (at
+        # some garbage collection) joins each for 5 s, 15-20 s inside the next tests. End them here.
+        for worker in [p for p in psutil.Process().children() if p.pid not in before]:
+            worker.terminate()
 
 
 @pytest.mark.parametrize("saved,now", [(2, 1), (2, 0), (0, 2)])
