@@ -36,7 +36,7 @@ from cachebuild.format.reader import ShardSet
 from loaders.loader import shm_free_bytes
 from loaders.views.twins import decode_twins
 
-__all__ = ["CHUNK_BYTES", "Pending", "ThreadDecoder", "ProcessDecoder", "decode_rows", "DECODERS"]
+__all__ = ["Pending", "ThreadDecoder", "ProcessDecoder", "decode_rows", "DECODERS"]
 
 DECODERS = ("thread", "process")
 _Spec = dict[str, tuple[tuple[int, ...], str, int]]  # field -> (shape with rows, dtype, byte offset)
@@ -50,29 +50,17 @@ class Pending(Protocol):
     def done(self) -> bool: ...
 
 
-CHUNK_BYTES = 4 << 20
-"""Most bytes of padded rows one zstd call decodes: a pool is decoded in chunks of graphs this size.
-
-A whole pool in one call (~30 MB for 1,000 default graphs) made zstd's output buffer a fresh
-``mmap`` each time (above glibc's largest dynamic mmap threshold, 32 MB, or near it): 1,300-4,100
-page faults and ~30% more CPU per pool; chunks this size are served from the heap again (DECISIONS
-"`twins` pool batches: one decode thread, page faults, and 2 workers"). The rows and their bytes are the same."""
-
-
-def decode_rows(shards: ShardSet, ids: np.ndarray, decode: list[str], threads: int, host: dict[str, np.ndarray], lo: int, zero: list[str], copied: Any = None, chunk_bytes: int | None = None) -> None:
+def decode_rows(shards: ShardSet, ids: np.ndarray, decode: list[str], threads: int, host: dict[str, np.ndarray], lo: int, zero: list[str], copied: Any = None) -> None:
     """Decode the graphs ``ids`` (one pool) into rows ``lo, lo+1, ...`` of ``host`` (its padded fields ``zero``
     zeroed first), with their record ids; after ``copied`` (the CUDA copy of those rows before), if any.
-    Decoded ``chunk_bytes`` of rows at a time (:data:`CHUNK_BYTES`), each chunk zeroed just before."""
+    One block read for the pool (zstd itself is called per 4 MiB of output: ``zstd_output.CHUNK_BYTES``)."""
     if copied is not None:
         copied.synchronize()
-    step = max(1, (CHUNK_BYTES if chunk_bytes is None else chunk_bytes) // max(1, sum(host[k].strides[0] for k in decode)))
-    for a in range(0, len(ids), step):
-        part = ids[a : a + step]
-        rows = np.arange(lo + a, lo + a + len(part), dtype=np.int64)
-        for k in zero:
-            host[k][rows[0] : rows[-1] + 1] = 0
-        decode_twins(shards, part, decode, threads, host, rows)
-    host["record_id"][lo : lo + len(ids)] = ids
+    hi = lo + len(ids)
+    for k in zero:
+        host[k][lo:hi] = 0
+    decode_twins(shards, ids, decode, threads, host, np.arange(lo, hi, dtype=np.int64))
+    host["record_id"][lo:hi] = ids
 
 
 class ThreadDecoder:

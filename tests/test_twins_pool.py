@@ -80,22 +80,6 @@ def test_expand_equals_the_default_view_through_the_loader_for_two_epochs(causal
         assert ctx.loads == 2 * (pools + 1) + 1
 
 
-@pytest.mark.parametrize("decoder,graphs_per_chunk", [("thread", 1), ("thread", 5), ("process", 3)])
-def test_a_pool_decoded_in_chunks_expands_the_same(causal_cache, monkeypatch, decoder, graphs_per_chunk):
-    """Pools decoded a few graphs per zstd call (each chunk zeroed, then decoded, into its own rows) give
-    every batch of an epoch as the default view does: the chunk bound changes memory use, not rows."""
-    from loaders import pool_decoder
-
-    stream = ShardStream(causal_cache, compact="pool", **KW)
-    with TwinsContext(stream, decoder=decoder) as ctx:
-        fields = ctx._fields()
-        row_bytes = sum(int(np.prod(fields[k].shape, dtype=np.int64)) * np.dtype(fields[k].dtype).itemsize for k in stream.view._decode)
-        monkeypatch.setattr(pool_decoder, "CHUNK_BYTES", graphs_per_chunk * row_bytes)  # before the first decode (a process forks then)
-        plan = stream.plan(0)
-        assert max(len(plan.pool_records(q)) for q in range(len(plan.pools) - 1)) > 2 * graphs_per_chunk  # several chunks per pool, the last a part
-        _check_epoch(causal_cache, ctx, stream, 0)
-
-
 def test_a_mid_epoch_resume_expands_the_same_remaining_batches(causal_cache):
     loader = make_loader(ShardStream(causal_cache, compact="pool", **KW), num_workers=2)
     loader.set_epoch(1)
