@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from cachebuild.builder.cluster_check import check_dask_address, check_ray_addre
 from cachebuild.errors import ConfigError
 from conftest import build_toy
 from ports import free_port
+from ray_head import ray_head as start_ray_head
 
 REPO = Path(__file__).resolve().parent.parent
 FAST_S = 30.0
@@ -213,23 +213,8 @@ def test_a_port_that_is_no_ray_is_bounded_and_one_line(tmp_path: Path, silent_se
 def ray_head(tmp_path: Path) -> Iterator[str]:
     """A real Ray head (``ray.init`` in another process, its own session), its GCS address; killed after."""
     pytest.importorskip("ray")
-    code = "import sys, time, ray\nray.init(num_cpus=2, include_dashboard=False)\nprint(ray.get_runtime_context().gcs_address, flush=True)\ntime.sleep(900)\n"
-    log = tmp_path / "head.err"
-    with open(log, "w") as err:
-        head = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-    try:
-        address = head.stdout.readline().strip() if head.stdout else ""
-        assert address, f"the Ray head did not start (rc={head.poll()}):\n{log.read_text()[-4000:]}"
+    with start_ray_head(tmp_path / "head.err", {**os.environ, "RAY_AUTH_MODE": "disabled"}, num_cpus=2) as address:
         yield address
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-        if head.stdout:
-            head.stdout.close()
 
 
 @pytest.mark.slow

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from ray_head import ray_head as start_ray_head
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "a3f1c2d4e5b60718293a4b5c6d7e8f90"
@@ -30,25 +31,10 @@ def token_head(tmp_path: Path) -> Iterator[str]:
     pytest.importorskip("ray")
     home = tmp_path / "head-home"
     home.mkdir()
-    code = "import time, ray\nray.init(num_cpus=1, include_dashboard=False)\nprint(ray.get_runtime_context().gcs_address, flush=True)\ntime.sleep(900)\n"
     env = {**os.environ, "HOME": str(home), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
-    log = tmp_path / "head.err"
-    with open(log, "w") as err:
-        head = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True, env=env)
-    try:
-        address = head.stdout.readline().strip() if head.stdout else ""
-        assert address, f"the Ray head did not start (rc={head.poll()}):\n{log.read_text()[-4000:]}"
+    with start_ray_head(tmp_path / "head.err", env, num_cpus=1) as address:
         yield address
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-        if head.stdout:
-            head.stdout.close()
 
 
 def _generate(tmp_path: Path, out: str, address: str, **env_set: str) -> subprocess.CompletedProcess:
