@@ -188,14 +188,14 @@ def confined_file(root: Path, name: str, error: type[CacheBuildError] = ShardCor
     outside ``root`` (or loops), or anything but a regular file (a FIFO, a device, a folder): the
     manifest's names are plain names (:mod:`cachebuild.format.limits`), and a stranger's folder
     must not make a reader open a file elsewhere through a link, or block on a FIFO. A missing
-    file is left to the caller's own message."""
+    file, or a ``root`` that is a file, is left to the caller's own message."""
     path = root / name
     try:
         st = path.lstat()
         target = path.resolve() if stat.S_ISLNK(st.st_mode) else path
         if target is not path:
             st = target.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a file given for its folder: the caller names that)
         return path
     except (OSError, RuntimeError) as exc:  # a link loop (RuntimeError from resolve() before Python 3.13), no permission
         reason = "a symbolic link loop" if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP else exc.strerror
