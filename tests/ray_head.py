@@ -22,11 +22,16 @@ def ray_head(log: Path, env: dict[str, str], num_cpus: int) -> Iterator[str]:
         assert address, f"the Ray head did not start (rc={head.poll()}):\n{log.read_text()[-4000:]}"
         yield address
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+        kill_group(head)
         if head.stdout:
             head.stdout.close()
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to ``proc``'s process group (a Ray head and what it started), SIGKILL after 60 s."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

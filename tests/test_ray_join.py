@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from ray_head import kill_group
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -46,15 +47,6 @@ def make():
 """
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 @pytest.fixture
 def cpu_less_head(tmp_path: Path) -> Iterator[str]:
     """A Ray head with no CPUs (another process, its own session), its GCS address."""
@@ -66,7 +58,7 @@ def cpu_less_head(tmp_path: Path) -> Iterator[str]:
         assert address, (tmp_path / "head.err").read_text()[-4000:]
         yield address
     finally:
-        _kill(head)
+        kill_group(head)
         if head.stdout:
             head.stdout.close()
 
@@ -103,9 +95,9 @@ def test_a_default_build_uses_the_cpus_of_a_node_that_joins(tmp_path: Path, cpu_
         assert build.wait(300) == 0, (tmp_path / "build.err").read_text()[-4000:]
     finally:
         if build.poll() is None:
-            _kill(build)
+            kill_group(build)
         if node is not None:
-            _kill(node)
+            kill_group(node)
             if before is None:
                 address_file.unlink(missing_ok=True)
             else:
