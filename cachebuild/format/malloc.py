@@ -47,7 +47,7 @@ def settle_heap() -> None:
     """In a process cachebuild does not own (the trainer's, decoding at 0 workers or in a ``TwinsContext``):
     glibc's mmap threshold at once at the value its own adjustment ends at (32 MB), and up to 128 MB of
     free heap kept instead of about twice the largest block freed so far (idempotent; never lowers
-    :func:`tune_malloc`'s). Left alone where the user set glibc's malloc options in the environment.
+    :func:`tune_malloc`'s). Left alone where the process started with glibc's malloc options in its environment.
 
     Why: a batch's zstd output and decode buffers (8-40 MB, freed together) made glibc give the heap
     back after every batch and fault it in again on the next: 600-2,500 page faults and up to a quarter
