@@ -69,7 +69,7 @@ class StreamLoader(DataLoader[Any]):
             unregister(driven.slot_rings)
             driven.slot_rings = None
         driven.shared_pools = None
-        if self.num_workers > 0:
+        if self.num_workers > 0 and not self._planned_here():
             try:
                 driven.slot_rings = SlotRings(self.num_workers, slot_count(self.prefetch_factor or 2), driven.layout.nbytes)
             except (RuntimeError, OSError) as exc:  # torch: "unable to allocate shared memory(shm) ..."; ENOSPC
@@ -97,7 +97,7 @@ class StreamLoader(DataLoader[Any]):
         self.stream.begin_pass()  # the stream the trainer holds: its generation (and state) follow the pass
         token = self.stream._progress.token  # this pass counts while it holds it (loaders.passes)
         self._lookahead = 0
-        if self._direct():
+        if self._direct() or self._planned_here():
             return self._deliver(iter(self.dataset), token)
         settle_before_fork(self)  # (DDP, Python <= 3.11: a fork right after begin_pass's collective can hang)
         return self._deliver(super().__iter__(), token)
@@ -109,9 +109,23 @@ class StreamLoader(DataLoader[Any]):
         batch's time), so the batches are the same either way."""
         return self.num_workers == 0 and not self.pin_memory and self.collate_fn is default_convert
 
+    def _planned_here(self) -> bool:
+        """Whether a pass with workers is planned on the hand-over thread of this process instead of in
+        worker processes: ``twins`` batches of ``compact="pool"`` are a few index arrays whose graphs the
+        consumer's :class:`loaders.TwinsContext` decodes in this process, so a worker would only add a
+        process round trip per batch (0.5-0.7x the rows/s of 0 workers; planned here about 1x, and still
+        ahead of the trainer's step; pinned there too, where the workers' batches are pinned by torch's
+        pin thread). Not with a ``collate_fn`` or a ``worker_init_fn`` of the caller's: those ask for the
+        workers (docs/DECISIONS.md, "`compact="pool"` batches are planned in the trainer's process")."""
+        custom = self.collate_fn is not default_convert or self.worker_init_fn is not None
+        return self.num_workers > 0 and self.handover > 0 and not custom and getattr(self.stream.view, "compact", None) == "pool"
+
     def _deliver(self, it: Iterator[PackedBatch], token: int) -> Iterator[Batch]:
         progress = self.stream._progress
-        ahead = Handover(it, PackedBatch.unpack, self.handover) if self.handover > 0 and self.num_workers > 0 else None
+        here = self._planned_here()
+        depth = self.num_workers * (self.prefetch_factor or 2) if here else self.handover  # planned here: what workers would prefetch
+        prepare = _pinned_unpack if here and self.pin_memory and torch.cuda.is_available() else PackedBatch.unpack
+        ahead = Handover(it, prepare, depth) if self.handover > 0 and self.num_workers > 0 else None
         self._ahead = ahead
         try:
             # unpack: copied out of the worker's slot (already done when pinned); on the
@@ -176,6 +190,11 @@ class StreamLoader(DataLoader[Any]):
 
     def __len__(self) -> int:
         return len(self.stream)
+
+
+def _pinned_unpack(batch: PackedBatch) -> Batch:
+    """A batch planned in this process, pinned (one copy of its buffer) and viewed key by key."""
+    return batch.pin_memory().unpack()
 
 
 def loader_state(loader: DataLoader[Any]) -> dict[str, Any]:
