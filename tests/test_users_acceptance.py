@@ -1,4 +1,4 @@
-"""Issue 9 acceptance, end to end: ``cachebuild generate`` + the ``twins`` view against the users' pipeline.
+"""Issue 9 acceptance, end to end: ``cachebuild generate`` / ``cachebuild mel`` + the loader against the users' pipelines.
 
 The other fidelity tests compare :func:`cachebuild.causal.generate_graphs` with the test-only
 reference of the users' generator (``tests/users_scm_reference.py``). Here the whole path a
@@ -21,10 +21,15 @@ batch's own ``adj``, row = parent). One row per graph (a random world and row, s
 independent) is compared in distribution with the reference (KS / chi-square, fixed seeds,
 p > 0.01), and small deliberate perturbations of the recipe must fail the same comparison.
 Batches must be at least as well mixed as their DataLoader's.
+
+The mel users (``eviltwinkie/AILH_MASTER``, ``AI_DEV/dataset_trainer.py``): an HDF5 file in
+their builder's layout through ``cachebuild mel --from-h5`` and the ``mel`` view gives, over a
+shuffled epoch, each of their ``LeakMelDataset`` items exactly once, bit for bit.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -260,3 +265,59 @@ def test_batches_are_better_mixed_than_their_dataloader(ours, theirs) -> None:
     assert our_mean_n.std() < 4 * iid_sd, (our_mean_n.std(), iid_sd)
     bound = 4 / np.sqrt(len(full))
     assert all(abs(_acf(our_mean_n, lag)) < bound for lag in range(1, 9)), [_acf(our_mean_n, lag) for lag in range(1, 9)]
+
+
+# ---------------------------------------------------------------- the mel users (AILH_MASTER)
+
+MEL_FILES = 120
+
+
+def _their_item(segs: np.ndarray, labels: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Their ``LeakMelDataset.__getitem__`` (``AI_DEV/dataset_trainer.py``): segment index ->
+    (file, long, short) in C order, the ``[M, T]`` float16 image and the file's label as int64."""
+    _, n_long, n_short = segs.shape[:3]
+    fidx, rem = divmod(index, n_long * n_short)
+    li, si = divmod(rem, n_short)
+    return segs[fidx, li, si], np.int64(labels[fidx])
+
+
+@pytest.fixture(scope="module")
+def their_h5(tmp_path_factory) -> tuple[Path, np.ndarray, np.ndarray]:
+    """An HDF5 file in their builder's layout (``AI_DEV/dataset_builder.py``): ``segments_mel``
+    ``[files, 40, 2, 64, 1]`` float16 (dB values), ``labels`` int16 sorted by label folder."""
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(3)
+    labels = np.sort(rng.integers(0, 2, MEL_FILES)).astype(np.int16)  # os.walk per label folder: sorted
+    segs = rng.normal(-40, 15, size=(MEL_FILES, 40, 2, 64, 1)).astype(np.float16)
+    path = tmp_path_factory.mktemp("their_h5") / "train.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("segments_mel", data=segs)
+        f.create_dataset("labels", data=labels)
+        f.attrs["labels_json"] = json.dumps(["LEAK", "NOLEAK"])
+        f.attrs["config_json"] = json.dumps({"sample_rate": 4096, "n_fft": 512, "hop_length": 128, "n_mels": 64, "power": 1.0, "center": False})
+    return path, segs, labels
+
+
+def test_mel_view_gives_their_dataset_items_each_once(their_h5, tmp_path) -> None:
+    """``cachebuild mel --from-h5`` + the ``mel`` view: over one shuffled epoch, every row is their
+    ``__getitem__`` of the same (file, long, short) bit for bit (float16 image, int64 label), and
+    the rows are their dataset's items, each exactly once."""
+    from cachebuild.jobs import run_mel_build
+
+    path, segs, labels = their_h5
+    out = tmp_path / "mel"
+    run_mel_build(None, [], {"build.shard_mb": 0.2}, out, from_h5=path, workers=1, progress=False)
+    seen = []
+    for tb in ShardStream(out, view="mel", batch_size=1000, shuffle=True, seed=0):
+        b = {k: v.numpy() for k, v in tb.items()}
+        assert b["mel"].dtype == np.float16 and b["mel"].shape[1:] == (1, 64, 1) and b["label"].dtype == np.int64
+        keep = ~b["is_pad"]
+        f, li, si = b["file_id"][keep], b["long_index"][keep], b["short_index"][keep]
+        index = (f * 40 + li) * 2 + si
+        want = np.stack([_their_item(segs, labels, int(i))[0] for i in index])
+        assert np.array_equal(b["mel"][keep][:, 0].view(np.uint16), want.view(np.uint16))
+        assert np.array_equal(b["label"][keep], labels[f].astype(np.int64))
+        seen.append(index)
+    order = np.concatenate(seen)
+    assert np.array_equal(np.sort(order), np.arange(MEL_FILES * 80))  # each of their items once
+    assert abs(np.corrcoef(order[:-1], order[1:])[0, 1]) < 0.05  # shuffled, not their file order
