@@ -267,6 +267,31 @@ def test_batches_are_better_mixed_than_their_dataloader(ours, theirs) -> None:
     assert all(abs(_acf(our_mean_n, lag)) < bound for lag in range(1, 9)), [_acf(our_mean_n, lag) for lag in range(1, 9)]
 
 
+# ---------------------------------------------------------------- their curriculum (examples/curriculum)
+
+
+@pytest.mark.parametrize("levels", [3, 4, 30])
+def test_curriculum_levels_use_the_edge_probability_their_code_computes(levels: int) -> None:
+    """Their ``main.py`` (81e4f81, and 26c6c51 to af0113d alike) builds ``SCMGenerator(edge_prob=
+    density_max)`` but ``CausalDataset(gen, num_nodes_range, samples_per_graph=64, reuse_factor,
+    use_twin_world, intervention_scale_range=(1.0, 50.0))`` without ``edge_prob``: the dataset's
+    default 0.3 is passed to ``generate_pipeline`` and overrides the generator's, at every level.
+    The stated density ``0.25 + 0.10 * progress`` stays an option."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "curriculum"))
+    try:
+        from levels import level_params
+    finally:
+        sys.path.pop(0)
+    for level in range(levels):
+        progress = level / (levels - 1)
+        got = level_params(level, levels)
+        assert got["graph.edge_prob"] == 0.3 and got["interventions.value_scale"] == [1.0, 50.0]
+        assert got["graph.n_max"] == int(20 + 30 * progress) and got["graph.n_min"] == got["graph.n_max"] - 1
+        assert level_params(level, levels, stated_density=True)["graph.edge_prob"] == round(0.25 + 0.10 * progress, 4)
+
+
 # ---------------------------------------------------------------- the mel users (AILH_MASTER)
 
 MEL_FILES = 120
