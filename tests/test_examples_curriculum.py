@@ -54,7 +54,8 @@ def test_curriculum_example_builds_levels_and_trains_through_the_schedule(tmp_pa
     from cachebuild.format import read_manifest
 
     # their training CausalDataset draws the scale from (1.0, 50.0) at every level (main.py)
-    for level, (n, p_max, scale_hi) in enumerate([(20, 0.25, 50.0), (35, 0.30, 50.0), (50, 0.35, 50.0)]):
+    # and its edge probability is CausalDataset's default 0.3 at every level (it overrides the level's density)
+    for level, (n, p_max, scale_hi) in enumerate([(20, 0.3, 50.0), (35, 0.3, 50.0), (50, 0.3, 50.0)]):
         m = read_manifest(tmp_path / "levels" / f"level{level}")
         assert m.schema("adj").max_shape[0] <= n and m.records == 24
         assert m.config["graph"]["n_max"] == n and m.config["graph"]["n_min"] == n - 1

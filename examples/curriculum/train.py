@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--levels", type=int, default=4)
     ap.add_argument("--build", type=int, default=0, metavar="GRAPHS", help="build the levels first, GRAPHS graphs each (levels.py)")
     ap.add_argument("--samples", type=int, default=None, help="with --build: rows per world (default: the recipe's 64)")
+    ap.add_argument("--stated-density", action="store_true", help="with --build: their curriculum's stated edge probability (levels.py)")
     ap.add_argument("--epochs-per-level", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=None, help="default: every stage once (levels x epochs-per-level)")
     ap.add_argument("--steps-per-epoch", type=int, default=None, help="cap on steps per epoch (default: whole epochs)")
@@ -63,7 +64,7 @@ def main() -> None:
     args = ap.parse_args()
 
     if args.build:
-        roots = build_levels(Path(args.levels_dir), args.levels, args.build, args.samples)
+        roots = build_levels(Path(args.levels_dir), args.levels, args.build, args.samples, stated_density=args.stated_density)
     else:
         roots = {level_name(k): str(Path(args.levels_dir) / level_name(k)) for k in range(args.levels)}
     device = pick_device(args.device)
