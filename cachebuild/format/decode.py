@@ -39,10 +39,11 @@ from cachebuild.errors import ShardCorruptError
 from cachebuild.format.entries import CRC, FCS, HI, LO, NBYTES, OFF, SHAPE, SHR, SIZE, TAIL, block_entries, field_meta
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.json_values import read_json_values
+from cachebuild.format.npy import npy_header_lengths
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.rows import as_rows
 from cachebuild.format.segments import Segments, segments_of
-from cachebuild.format.shared_frames import declared_ok, distinct_frames, gather_shared
+from cachebuild.format.shared_frames import NPY_ALIGN, declared_ok, distinct_frames, gather_shared
 from cachebuild.format.zstd_output import decompress_chunks, first_bad_frame
 
 try:  # ISA-L's crc32: zlib's checksum, about 4x faster (raw caches check every member read); zlib is the fallback
@@ -199,6 +200,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
         i = int(m.group(1)) + getattr(exc, "item_base", 0) if m else first_bad_frame(dctx, payloads)
         raise _corrupt(shards, ids, names, fr, int(pick[i]), "zstd: " + _ITEM_RE.sub("frame", str(exc))) from exc  # the record is named; the block position is not news
     lens = sizes.astype(np.int64)  # zstd checked: each frame decoded to exactly its declared size
+    _check_npy_starts(shards, ids, names, fr, pick, buffers, buf_of, offs, lens)
     eoff, elen, buf_id = offs[slot], lens[slot], buf_of[slot]
     for i in np.flatnonzero(elen < fr.tail + fr.nbytes)[:1].tolist():
         raise _corrupt(shards, ids, names, fr, i, f"decoded {int(elen[i])} bytes < {int(fr.tail[i] + fr.nbytes[i])} bytes of array data")
@@ -209,6 +211,30 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     if stage.any():
         gather_shared(stage, fr.nbytes, buffers, buf_id, data_off, stride_ok)
     return buffers, buf_id, data_off, (out, stride_ok)
+
+
+def _check_npy_starts(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, pick: np.ndarray, buffers: list[np.ndarray], buf_of: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> None:
+    """A decoded frame that holds a ``.npy`` header (one that opens its member: its ``hi`` allows a header)
+    must be that header, as long as its own length field says, then exactly the entries' data the index
+    says. The data is read from the frame's end, so a frame that decodes to fewer bytes (a well-formed,
+    checksummed frame of a shortened ``.npy``) would put the record's data inside the header: shifted data.
+    12 bytes gathered per such frame; ``lo`` is the entries' data (+ :data:`NPY_ALIGN` for a shared frame)."""
+    has = np.flatnonzero(fr.hi[pick] > fr.lo[pick])
+    if not has.size:
+        return
+    at = pick[has]
+    data = fr.lo[at] - np.where(fr.shared[at] >= 2, NPY_ALIGN, 0)
+    header = npy_header_lengths(buffers, buf_of[has], offs[has], lens[has])
+    bad = np.flatnonzero((header < 0) | (header + data != lens[has]))
+    if bad.size:
+        i = int(bad[0])
+        h, n, d = int(header[i]), int(lens[has][i]), int(data[i])
+        why = (
+            "decoded member does not start with a .npy header (magic, version 1-3)"
+            if h < 0
+            else f"decoded .npy member is {n} bytes, its header says {h} bytes of header and the index {d} bytes of data"
+        )
+        raise _corrupt(shards, ids, names, fr, int(at[i]), why + " (data would be shifted: corrupt, or not written by cachebuild)")
 
 
 def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> np.ndarray:

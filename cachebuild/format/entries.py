@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cachebuild.format.index import MAX_NDIM
-from cachebuild.format.index_check import frame_headers, parse_frame_headers
+from cachebuild.errors import ShardCorruptError
+from cachebuild.format.index_check import frame_headers, parse_frame_headers, trailing_frames, trailing_text
 
 if TYPE_CHECKING:
     from cachebuild.format.reader import ShardSet
@@ -43,12 +44,27 @@ def shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np.
     table[..., TAIL], table[..., SHR] = 0, 0
     table[..., LO] = table[..., HI] = table[..., NBYTES]
     if shards.codec == "zstd" and idx.size:
-        hdr = frame_headers(np.frombuffer(sh.view, np.uint8), table[..., OFF].reshape(-1))
+        tar = np.frombuffer(sh.view, np.uint8)
+        hdr = frame_headers(tar, table[..., OFF].reshape(-1))
         table[..., FCS] = parse_frame_headers(hdr, table[..., SIZE].reshape(-1)).reshape(idx.shape)
+        _refuse_trailing(shards, s, cols, tar, table)
+        del tar
         layout = shards.layout(s)
         for c, arr in ((TAIL, layout.tail), (LO, layout.lo), (HI, layout.hi), (SHR, layout.shared + 2 * layout.aligned)):
             table[..., c] = arr[:, list(cols)]
     return table
+
+
+def _refuse_trailing(shards: ShardSet, s: int, cols: tuple[int, ...], tar: np.ndarray, table: np.ndarray) -> None:
+    """Refuse an entry of shard ``s`` whose zstd frame ends before the entry does (bytes after it, which
+    the decoder would skip and ``zstd -d`` would decode): the block-header walk ``verify`` makes, here
+    once per shard and field list when its table is filled, not per read."""
+    flat = table.reshape(-1, table.shape[-1])
+    bad, ends = trailing_frames(tar, flat[:, OFF], flat[:, SIZE], flat[:, FCS])
+    if bad.size:
+        r, j = divmod(int(bad[0]), len(cols))
+        name = shards.manifest.fields[cols[j]].name
+        raise ShardCorruptError(f"{shards.where(int(shards.starts[s]) + r, name)}: {trailing_text(int(ends[0]), int(flat[bad[0], SIZE]))}")
 
 
 WHOLE_TABLE_BYTES = 256 << 20

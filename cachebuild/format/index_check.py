@@ -29,7 +29,7 @@ from cachebuild.format.packing import is_first_entry, tar_order
 from cachebuild.format.shared_frames import coincides, declared_ok, frame_layout
 from cachebuild.format.tarball import tar_headers
 
-__all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_names", "frame_content_sizes", "frame_ends", "frame_headers", "parse_frame_headers"]
+__all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_names", "frame_content_sizes", "frame_ends", "frame_headers", "parse_frame_headers", "trailing_frames", "trailing_text"]
 
 _HEADER = MEMBER_MIN_BYTES
 _NAME_BYTES = 100
@@ -250,9 +250,26 @@ def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str
         r, j = divmod(int(bad[0]), len(fields))
         end = int(ends[bad[0]] - flat["offset"][bad[0]])
         raise ShardCorruptError(
-            f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': zstd frame "
-            + (f"ends after {end} of the entry's {int(flat['size'][bad[0]])} bytes (more bytes after it: another frame, which `zstd -d` would decode too)" if end >= 0 else "has a bad block header")
+            f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': " + (trailing_text(end, int(flat["size"][bad[0]])) if end >= 0 else "zstd frame has a bad block header")
         )
+
+
+def trailing_text(end: int, size: int) -> str:
+    """What is wrong with an entry whose zstd frame ends ``end`` bytes into its ``size`` (the same words for every reader)."""
+    return f"zstd frame ends after {end} of the entry's {size} bytes (more bytes after it: another frame, which `zstd -d` would decode too)"
+
+
+def trailing_frames(tar: np.ndarray, offset: np.ndarray, size: np.ndarray, declared: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(positions, ends)``: the frames (at ``offset``, of stored length ``size``, declaring ``declared``:
+    see :func:`parse_frame_headers`) that end before their entry does, and where each ends (bytes into its
+    entry): bytes follow them inside the entry, which the decoder would skip and ``zstd -d`` would not.
+    One :func:`frame_ends` walk (block headers only, nothing decoded). A frame whose header or blocks are
+    bad is left to the decoder (zstd names it)."""
+    ok = np.flatnonzero(declared != -2)
+    off = offset[ok].astype(np.int64)
+    ends = frame_ends(tar, off, size[ok]) - off if ok.size else off
+    bad = (ends >= 0) & (ends != size[ok])
+    return ok[bad], ends[bad]
 
 
 _ZSTD_MAGIC = np.array([0x28, 0xB5, 0x2F, 0xFD], np.uint8)

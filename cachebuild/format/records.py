@@ -34,7 +34,7 @@ from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.npy import check_npy_header
 from cachebuild.format.reader import ShardSet
 
-__all__ = ["BLOCK_BYTES", "check_headers", "check_members", "check_structure", "read_record", "record_blocks"]
+__all__ = ["BLOCK_BYTES", "check_headers", "check_members", "check_npy_starts", "check_structure", "read_record", "record_blocks"]
 
 BLOCK_BYTES = 32 << 20
 """Decoded bytes a block of :func:`record_blocks` aims at (a block may exceed it by its last record)."""
@@ -81,12 +81,30 @@ def check_members(shards: ShardSet, s: int) -> None:
 
 
 def check_structure(shards: ShardSet, s: int) -> None:
-    """:func:`check_members`, then every JSON member of shard ``s`` decoded and parsed within the limits."""
+    """:func:`check_members`, then every JSON member of shard ``s`` decoded and parsed within the limits,
+    and (zstd) every frame that holds a ``.npy`` header decoded (:func:`check_npy_starts`)."""
     check_members(shards, s)
     names = [f.name for f in shards.manifest.fields if f.dtype == JSON_DTYPE]
     if names:
         for a, b in record_blocks(shards, s, names):
             read_block(shards, np.arange(a, b), names)
+    if shards.codec == "zstd":
+        check_npy_starts(shards, s)
+
+
+def check_npy_starts(shards: ShardSet, s: int) -> None:
+    """zstd: each array frame of shard ``s`` that holds a ``.npy`` header (a member's first record's) is decoded
+    through the loader's decoder, which refuses one whose data would not start where its header ends
+    (a shortened ``.npy`` in a well-formed frame: the loader would read shifted data). The frames of a
+    packed member's later records hold data alone and are not decoded; in bounded blocks."""
+    names = [f.name for f in shards.manifest.fields if f.dtype != JSON_DTYPE]
+    if not names:
+        return
+    first, pack = int(shards.starts[s]), int(shards.packs[s])
+    for a, b in record_blocks(shards, s, names):
+        ids = np.arange(a + (first - a) % pack, b, pack)
+        if ids.size:
+            read_block(shards, ids, names)
 
 
 def check_headers(shards: ShardSet, ids: np.ndarray, names: Sequence[str] | None = None) -> None:
