@@ -1,7 +1,10 @@
 """A zstd member whose frame is followed by more bytes inside the member (acceptance audit of issue 10):
 a second frame there is ignored by our decoder, but ``tar -x`` plus ``zstd -d`` (the format's promise to
 plain tools) decodes both, so the plain tools read another file than the loader: here a 1 GiB bomb
-behind a good frame. ``verify`` and ``stage`` walk each frame's block headers and refuse it."""
+behind a good frame. ``verify`` and ``stage`` walk each frame's block headers and refuse it; so do
+the loader and ``inspect`` (its leftovers, sixteenth session). And a frame that decodes to fewer bytes
+than its ``.npy`` (or an index that says less data than its frame holds), within the allowance for a
+header: every reader refuses it, where the loader and ``stage`` read the record's data shifted."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from cachebuild.errors import ShardCorruptError
 from cachebuild.tools.stage import stage_cache
 from cachebuild.tools.verify import verify_cache
 from hostile_fixtures import copy_cache, field_pos, load_doc, read_index, rewrite_shard, save_doc, zstd_bomb
+from stranger_fixtures import packed  # noqa: F401 (a fixture)
 
 PATTERN = r"record 0000000000, field 'mat': zstd frame ends after \d+ of the entry's \d+ bytes \(more bytes after it"
 
@@ -119,3 +123,47 @@ def test_a_frame_shorter_than_its_npy_is_refused_by_the_loader_and_stage(tmp_pat
     with pytest.raises(ShardCorruptError, match=pattern):
         stage_cache(root, tmp_path / "staged", progress=False)  # was: staged
     assert not (tmp_path / "staged").exists()
+
+
+@pytest.mark.parametrize("key", ["zstd", "shared"])
+def test_a_packed_members_header_frame_read_short_by_its_index_is_refused(tmp_path: Path, packed: dict[str, Path], key: str) -> None:
+    """The same shift in a packed member (format v3, and v4 with shared frames): the index says a group's
+    first record holds 16 int32 fewer (its frame, with the group's ``.npy`` header, unchanged; the size
+    difference, 64 bytes, within the allowance for a header and its 64-byte alignment). The loader took the
+    record's data from the frame's end (its last 16 tokens were read as its first); now it and ``stage`` refuse it."""
+    from stranger_fixtures import copy_packed, read_packed_index, write_packed_index
+
+    root, doc = copy_packed(packed[key], tmp_path / "cache")
+    index = read_packed_index(root, doc, 0)
+    j = field_pos(doc, "tokens")
+    r = next(r for r in range(0, len(index), 7) if index[r, j]["shape"][0] > 16)
+    index[r, j]["shape"][0] -= 16
+    index[r, j]["nbytes"] -= 64
+    write_packed_index(root, doc, 0, index)
+    save_doc(root, doc)
+    from stranger_fixtures import loader_error
+
+    member = "|".join(f"{k:010d}" for k in range(r, r + 7))  # (a shared frame is named by one of its records)
+    pattern = rf"record ({member}), field 'tokens': decoded \.npy member is \d+ bytes, its header says \d+ bytes of header and the index \d+ bytes of data"
+    assert __import__("re").search(pattern, loader_error(root)), loader_error(root)  # was: read, shifted by 16 tokens
+    with pytest.raises(ShardCorruptError, match=pattern):
+        stage_cache(root, tmp_path / "staged", progress=False)  # was: staged
+    assert not (tmp_path / "staged").exists()
+
+
+def test_the_writers_frames_need_no_header_check(packed: dict[str, Path], good: Path) -> None:
+    """Every header-holding frame the writer writes declares its header's and data's sizes, so the decoder
+    never reads a header on the hot path (only a stranger's frame that does not is marked for it)."""
+    import numpy as np
+
+    from cachebuild.format.entries import CHECK_HEADER, HI, LO, SHR, shard_table
+    from cachebuild.format.reader import open_cache
+
+    for root in (good, packed["zstd"], packed["shared"]):
+        with open_cache(root) as shards:
+            names = [f.name for f in shards.manifest.fields if f.dtype != "json"]
+            cols = tuple(shards.field_pos[n] for n in names)
+            nd = max(shards.manifest.schema(n).ndim for n in names)
+            tables = [shard_table(shards, s, cols, nd) for s in range(len(shards.manifest.shards))]
+        assert sum(int((t[..., HI] > t[..., LO]).sum()) for t in tables) > 0
+        assert not any(np.any(t[..., SHR] & CHECK_HEADER) for t in tables), root

@@ -20,11 +20,13 @@ import numpy as np
 from cachebuild.format.index import MAX_NDIM
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.index_check import frame_headers, parse_frame_headers, trailing_frames, trailing_text
+from cachebuild.format.npy import writer_header_sizes
+from cachebuild.format.shared_frames import NPY_ALIGN
 
 if TYPE_CHECKING:
     from cachebuild.format.reader import ShardSet
 
-__all__ = ["OFF", "SIZE", "NBYTES", "CRC", "FCS", "TAIL", "LO", "HI", "SHR", "SHAPE", "WHOLE_TABLE_BYTES", "block_entries", "shard_table", "field_meta"]
+__all__ = ["OFF", "SIZE", "NBYTES", "CRC", "FCS", "TAIL", "LO", "HI", "SHR", "SHAPE", "CHECK_HEADER", "WHOLE_TABLE_BYTES", "block_entries", "shard_table", "field_meta"]
 
 OFF, SIZE, NBYTES, CRC, FCS, TAIL, LO, HI, SHR, SHAPE = range(10)  # columns of an entry table; the shape's dims follow
 
@@ -52,7 +54,31 @@ def shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np.
         layout = shards.layout(s)
         for c, arr in ((TAIL, layout.tail), (LO, layout.lo), (HI, layout.hi), (SHR, layout.shared + 2 * layout.aligned)):
             table[..., c] = arr[:, list(cols)]
+        _mark_unusual_headers(shards, s, cols, idx, table)
     return table
+
+
+CHECK_HEADER = 4
+"""Bit of an entry table's ``SHR`` column: the entry's frame holds a ``.npy`` header but does not declare
+the size the writer's header (for the index's shape and the manifest's dtype) and the entries' data make,
+so the decoder reads its header's own length field after decoding it (:mod:`cachebuild.format.decode`).
+Every frame the writer writes matches (bit clear: nothing more to do when read); a stranger's frame that
+decodes shorter than its ``.npy``, whose data would otherwise be read shifted, does not."""
+
+
+def _mark_unusual_headers(shards: ShardSet, s: int, cols: tuple[int, ...], idx: np.ndarray, table: np.ndarray) -> None:
+    """Set :data:`CHECK_HEADER` on the entries of shard ``s`` whose header-holding frame declares another
+    size than the writer's header plus the data (one header made per distinct shape, per field)."""
+    pack = int(shards.packs[s])
+    for j, col in enumerate(cols):
+        t = table[:, j]
+        header = t[:, HI] > t[:, LO]  # (the frame opens its member: a header is allowed)
+        if not header.any():
+            continue
+        schema = shards.manifest.fields[col]
+        writer = writer_header_sizes(schema.dtype, idx["shape"][:, j, : schema.ndim], pack)
+        data = t[:, LO] - ((t[:, SHR] & 2) != 0) * NPY_ALIGN
+        t[:, SHR] |= CHECK_HEADER * (header & (t[:, FCS] != writer + data))
 
 
 def _refuse_trailing(shards: ShardSet, s: int, cols: tuple[int, ...], tar: np.ndarray, table: np.ndarray) -> None:

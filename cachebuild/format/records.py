@@ -28,6 +28,7 @@ import zstandard
 
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.decode import read_block
+from cachebuild.format.entries import CHECK_HEADER, SHR, shard_table
 from cachebuild.format.index_check import check_frames, check_member_keys
 from cachebuild.format.limits import MAX_NPY_HEADER
 from cachebuild.format.names import JSON_DTYPE
@@ -93,16 +94,19 @@ def check_structure(shards: ShardSet, s: int) -> None:
 
 
 def check_npy_starts(shards: ShardSet, s: int) -> None:
-    """zstd: each array frame of shard ``s`` that holds a ``.npy`` header (a member's first record's) is decoded
-    through the loader's decoder, which refuses one whose data would not start where its header ends
-    (a shortened ``.npy`` in a well-formed frame: the loader would read shifted data). The frames of a
-    packed member's later records hold data alone and are not decoded; in bounded blocks."""
+    """zstd: refuse a frame of shard ``s`` that holds a ``.npy`` header whose data would not start where the
+    header ends (a shortened ``.npy`` in a well-formed frame: the loader would read shifted data), as the
+    loader does: the shard's entry table marks the frames that do not declare the writer's header and data
+    sizes (:data:`~cachebuild.format.entries.CHECK_HEADER`; none of a cache the writer wrote), and only the
+    records those are in are decoded, in bounded blocks. Also refuses bytes after any array frame."""
     names = [f.name for f in shards.manifest.fields if f.dtype != JSON_DTYPE]
     if not names:
         return
-    first, pack = int(shards.starts[s]), int(shards.packs[s])
+    cols = tuple(shards.field_pos[n] for n in names)
+    table = shard_table(shards, s, cols, max(shards.manifest.schema(n).ndim for n in names))
+    marked = np.flatnonzero((table[..., SHR] & CHECK_HEADER).any(axis=1)) + int(shards.starts[s])
     for a, b in record_blocks(shards, s, names):
-        ids = np.arange(a + (first - a) % pack, b, pack)
+        ids = marked[(marked >= a) & (marked < b)]
         if ids.size:
             read_block(shards, ids, names)
 
