@@ -49,7 +49,7 @@ def shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np.
         tar = np.frombuffer(sh.view, np.uint8)
         hdr = frame_headers(tar, table[..., OFF].reshape(-1))
         table[..., FCS] = parse_frame_headers(hdr, table[..., SIZE].reshape(-1)).reshape(idx.shape)
-        _refuse_trailing(shards, s, cols, tar, table)
+        _refuse_trailing(shards, s, cols, tar, table, hdr)
         del tar
         layout = shards.layout(s)
         for c, arr in ((TAIL, layout.tail), (LO, layout.lo), (HI, layout.hi), (SHR, layout.shared + 2 * layout.aligned)):
@@ -81,12 +81,12 @@ def _mark_unusual_headers(shards: ShardSet, s: int, cols: tuple[int, ...], idx: 
         t[:, SHR] |= CHECK_HEADER * (header & (t[:, FCS] != writer + data))
 
 
-def _refuse_trailing(shards: ShardSet, s: int, cols: tuple[int, ...], tar: np.ndarray, table: np.ndarray) -> None:
+def _refuse_trailing(shards: ShardSet, s: int, cols: tuple[int, ...], tar: np.ndarray, table: np.ndarray, hdr: np.ndarray) -> None:
     """Refuse an entry of shard ``s`` whose zstd frame ends before the entry does (bytes after it, which
     the decoder would skip and ``zstd -d`` would decode): the block-header walk ``verify`` makes, here
     once per shard and field list when its table is filled, not per read."""
     flat = table.reshape(-1, table.shape[-1])
-    bad, ends = trailing_frames(tar, flat[:, OFF], flat[:, SIZE], flat[:, FCS])
+    bad, ends = trailing_frames(tar, flat[:, OFF], flat[:, SIZE], flat[:, FCS], hdr)
     if bad.size:
         r, j = divmod(int(bad[0]), len(cols))
         name = shards.manifest.fields[cols[j]].name

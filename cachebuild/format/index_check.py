@@ -259,15 +259,16 @@ def trailing_text(end: int, size: int) -> str:
     return f"zstd frame ends after {end} of the entry's {size} bytes (more bytes after it: another frame, which `zstd -d` would decode too)"
 
 
-def trailing_frames(tar: np.ndarray, offset: np.ndarray, size: np.ndarray, declared: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def trailing_frames(tar: np.ndarray, offset: np.ndarray, size: np.ndarray, declared: np.ndarray, hdr: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(positions, ends)``: the frames (at ``offset``, of stored length ``size``, declaring ``declared``:
     see :func:`parse_frame_headers`) that end before their entry does, and where each ends (bytes into its
     entry): bytes follow them inside the entry, which the decoder would skip and ``zstd -d`` would not.
-    One :func:`frame_ends` walk (block headers only, nothing decoded). A frame whose header or blocks are
-    bad is left to the decoder (zstd names it)."""
-    ok = np.flatnonzero(declared != -2)
+    One :func:`frame_ends` walk (block headers only, nothing decoded; ``hdr``: the frames' :func:`frame_headers`,
+    where already gathered). A frame whose header or blocks are bad is left to the decoder (zstd names it)."""
+    good = declared != -2
+    ok = np.arange(len(declared)) if good.all() else np.flatnonzero(good)
     off = offset[ok].astype(np.int64)
-    ends = frame_ends(tar, off, size[ok]) - off if ok.size else off
+    ends = frame_ends(tar, off, size[ok], None if hdr is None else hdr[ok]) - off if ok.size else off
     bad = (ends >= 0) & (ends != size[ok])
     return ok[bad], ends[bad]
 
@@ -308,11 +309,12 @@ def parse_frame_headers(hdr: np.ndarray, size: np.ndarray) -> np.ndarray:
     return np.where(ok, out, -2)
 
 
-def frame_ends(tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> np.ndarray:
+def frame_ends(tar: np.ndarray, offset: np.ndarray, size: np.ndarray, hdr: np.ndarray | None = None) -> np.ndarray:
     """Where each zstd frame at ``offset`` (of stored length ``size``) ends in ``tar``, walking its block
     headers (RFC 8878, 3.1.1.2) for all frames at once, one step per block; -1 for a bad block
-    header or a frame that runs past ``offset + size``. Frames already passed :func:`parse_frame_headers`."""
-    hdr = frame_headers(tar, offset)
+    header or a frame that runs past ``offset + size``. Frames already passed :func:`parse_frame_headers`
+    (``hdr``: their :func:`frame_headers`, where already gathered)."""
+    hdr = frame_headers(tar, offset) if hdr is None else hdr
     fhd = hdr[:, 4].astype(np.int64)
     fcs_flag, single = fhd >> 6, (fhd >> 5) & 1
     nfcs = np.where((fcs_flag == 0) & (single == 1), 1, _FCS_BYTES[fcs_flag])

@@ -113,11 +113,22 @@ def writer_header_sizes(dtype: str, shapes: np.ndarray, pack: int) -> np.ndarray
         stacked = np.concatenate([np.ones((len(rows), 1), np.int64), count[:, None], shapes[rows]], axis=1)
         flat = np.concatenate([np.full((len(rows), 1), 2, np.int64), total[:, None], np.zeros((len(rows), ndim), np.int64)], axis=1)
         keys = np.where(same[:, None], stacked, flat)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    uniq, inverse = _unique_rows(keys)
     descr = _descr(np.dtype(dtype))
     sizes = np.array([len(_header(descr, _header_shape(u))) for u in uniq.tolist()], np.int64)
     out[:] = sizes[inverse.reshape(-1)] if pack <= 1 else np.repeat(sizes[inverse.reshape(-1)], np.diff(np.append(rows, records)))
     return out
+
+
+def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, axis=0, return_inverse=True)`` for non-negative int64 rows, through one int64 key
+    per row where the rows' ranges allow it (a 1-d unique: ~10x faster than numpy's row sort)."""
+    span = keys.max(axis=0) + 1
+    if float(np.prod(span.astype(np.float64))) >= 2.0**62:
+        return np.unique(keys, axis=0, return_inverse=True)
+    mult = np.append(np.cumprod(span[::-1])[::-1][1:], 1)
+    _, first, inverse = np.unique(keys @ mult, return_index=True, return_inverse=True)
+    return keys[first], inverse
 
 
 def _header_shape(key: list[int]) -> tuple[int, ...]:
