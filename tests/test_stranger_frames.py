@@ -167,3 +167,33 @@ def test_the_writers_frames_need_no_header_check(packed: dict[str, Path], good: 
             tables = [shard_table(shards, s, cols, nd) for s in range(len(shards.manifest.shards))]
         assert sum(int((t[..., HI] > t[..., LO]).sum()) for t in tables) > 0
         assert not any(np.any(t[..., SHR] & CHECK_HEADER) for t in tables), root
+
+
+@pytest.mark.parametrize("verify", ["crc", "size"])
+def test_a_raw_payload_shorter_than_its_npy_is_refused_by_the_loader_and_stage(tmp_path: Path, verify: str) -> None:
+    """The raw twin of the short frame: a member's payload 100 bytes short of its ``.npy`` (the index's size
+    and crc32 recomputed, within its allowance for a header). The loader read the data from the payload's end."""
+    import zlib
+
+    from conftest import build_toy as build
+    from cachebuild.format.codec import Codec
+    from hostile_fixtures import write_index
+    from loaders import ShardStream
+
+    root = tmp_path / "cache"
+    build(root, records=120, codec=Codec("none", 0))
+    doc = load_doc(root)
+    j = field_pos(doc, "mat")
+    e = read_index(root, doc, 0)[0, j]
+    payload = (root / doc["shards"][0]["name"]).read_bytes()[int(e["offset"]) : int(e["offset"]) + int(e["size"])][:-100]
+    assert len(payload) >= int(e["nbytes"])
+    index = rewrite_shard(root, doc, 0, {(0, j): payload}).copy()
+    index[0, j]["crc32"] = zlib.crc32(payload)
+    write_index(root, doc, 0, index)
+    save_doc(root, doc)
+    pattern = r"record 0000000000, field 'mat': stored \.npy member is \d+ bytes, its header says \d+ bytes of header and the index \d+ bytes of data"
+    with pytest.raises(ShardCorruptError, match=pattern):
+        for _ in ShardStream(root, view="records", batch_size=64, shuffle=False, verify=verify):
+            pass  # was: read, record 0's 'mat' starting inside its .npy header
+    with pytest.raises(ShardCorruptError, match=pattern):
+        stage_cache(root, tmp_path / "staged", progress=False)  # was: staged

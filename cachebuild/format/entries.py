@@ -20,7 +20,7 @@ import numpy as np
 from cachebuild.format.index import MAX_NDIM
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.index_check import frame_headers, parse_frame_headers, trailing_frames, trailing_text
-from cachebuild.format.npy import writer_header_sizes
+from cachebuild.format.npy import npy_header_lengths, writer_header_sizes
 from cachebuild.format.shared_frames import NPY_ALIGN
 
 if TYPE_CHECKING:
@@ -55,6 +55,8 @@ def shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np.
         for c, arr in ((TAIL, layout.tail), (LO, layout.lo), (HI, layout.hi), (SHR, layout.shared + 2 * layout.aligned)):
             table[..., c] = arr[:, list(cols)]
         _mark_unusual_headers(shards, s, cols, idx, table)
+    elif idx.size:
+        _refuse_raw_shift(shards, s, cols, idx, table, np.frombuffer(sh.view, np.uint8))
     return table
 
 
@@ -64,6 +66,33 @@ the size the writer's header (for the index's shape and the manifest's dtype) an
 so the decoder reads its header's own length field after decoding it (:mod:`cachebuild.format.decode`).
 Every frame the writer writes matches (bit clear: nothing more to do when read); a stranger's frame that
 decodes shorter than its ``.npy``, whose data would otherwise be read shifted, does not."""
+
+
+def _refuse_raw_shift(shards: ShardSet, s: int, cols: tuple[int, ...], idx: np.ndarray, table: np.ndarray, tar: np.ndarray) -> None:
+    """Raw: a member's first payload (its ``.npy`` header, then the data) must be as long as its header's own
+    length field says plus the data the index gives, else the data, read from the payload's end, would be
+    shifted. Only payloads whose header is not as long as the writer's are read (12 bytes each, here, once
+    per shard and field list: none of a cache the writer wrote)."""
+    pack = int(shards.packs[s])
+    opens = np.arange(len(idx)) % pack == 0
+    for j, col in enumerate(cols):
+        schema = shards.manifest.fields[col]
+        t = table[:, j]
+        odd = np.flatnonzero(opens & (t[:, SIZE] - t[:, NBYTES] != writer_header_sizes(schema.dtype, idx["shape"][:, j, : schema.ndim], pack)))
+        if not odd.size:
+            continue
+        size, data = t[odd, SIZE], t[odd, NBYTES]
+        header = npy_header_lengths([tar], np.zeros(len(odd), np.int64), t[odd, OFF], size)
+        bad = np.flatnonzero((header < 0) | (header + data != size))
+        if bad.size:
+            i = int(bad[0])
+            h, n, d = int(header[i]), int(size[i]), int(data[i])
+            why = (
+                "stored member does not start with a .npy header (magic, version 1-3)"
+                if h < 0
+                else f"stored .npy member is {n} bytes, its header says {h} bytes of header and the index {d} bytes of data"
+            )
+            raise ShardCorruptError(f"{shards.where(int(shards.starts[s]) + int(odd[i]), schema.name)}: {why} (data would be shifted: corrupt, or not written by cachebuild)")
 
 
 def _mark_unusual_headers(shards: ShardSet, s: int, cols: tuple[int, ...], idx: np.ndarray, table: np.ndarray) -> None:

@@ -83,21 +83,21 @@ def check_members(shards: ShardSet, s: int) -> None:
 
 def check_structure(shards: ShardSet, s: int) -> None:
     """:func:`check_members`, then every JSON member of shard ``s`` decoded and parsed within the limits,
-    and (zstd) every frame that holds a ``.npy`` header decoded (:func:`check_npy_starts`)."""
+    and every ``.npy`` header's length checked against the data after it (:func:`check_npy_starts`)."""
     check_members(shards, s)
     names = [f.name for f in shards.manifest.fields if f.dtype == JSON_DTYPE]
     if names:
         for a, b in record_blocks(shards, s, names):
             read_block(shards, np.arange(a, b), names)
-    if shards.codec == "zstd":
-        check_npy_starts(shards, s)
+    check_npy_starts(shards, s)
 
 
 def check_npy_starts(shards: ShardSet, s: int) -> None:
-    """zstd: refuse a frame of shard ``s`` that holds a ``.npy`` header whose data would not start where the
-    header ends (a shortened ``.npy`` in a well-formed frame: the loader would read shifted data), as the
-    loader does: the shard's entry table marks the frames that do not declare the writer's header and data
-    sizes (:data:`~cachebuild.format.entries.CHECK_HEADER`; none of a cache the writer wrote), and only the
+    """Refuse an entry of shard ``s`` that holds a ``.npy`` header whose data would not start where the
+    header ends (a shortened ``.npy`` in a well-formed zstd frame, or a raw payload: the loader would read
+    shifted data), as the loader does, through the shard's entry table: raw payloads are checked when it is
+    filled; zstd frames that do not declare the writer's header and data sizes are marked
+    (:data:`~cachebuild.format.entries.CHECK_HEADER`; none of a cache the writer wrote), and only the
     records those are in are decoded, in bounded blocks. Also refuses bytes after any array frame."""
     names = [f.name for f in shards.manifest.fields if f.dtype != JSON_DTYPE]
     if not names:
