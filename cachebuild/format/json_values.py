@@ -57,15 +57,19 @@ def read_json_values(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np
 
 def _refuse_trailing(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, name: str) -> None:
     """Refuse a record whose JSON frame ends before its entry does (bytes after it, which this decoder
-    would skip and ``zstd -d`` would decode): one block-header walk per shard the records are in."""
+    would skip and ``zstd -d`` would decode): one block-header walk over the field's frames in each shard,
+    the first time the shard (as opened now) is read for it."""
     j = shards.field_pos[name]
     for sh in np.unique(s).tolist():
-        rows = np.flatnonzero(s == sh)
         shard = shards.shard(sh)
-        e = shard.index[local[rows], j]
+        checked: set[int] = shard.__dict__.setdefault("_json_frames_end", set())  # (goes with the open shard: a reopened one is walked again)
+        if j in checked:
+            continue
+        e = shard.index[:, j]
         tar = np.frombuffer(shard.view, np.uint8)
         off, size = e["offset"].astype(np.int64), e["size"].astype(np.int64)
         bad, ends = trailing_frames(tar, off, size, frame_content_sizes(tar, off, size))
         del tar
         if bad.size:
-            raise ShardCorruptError(f"{shards.where(int(ids[rows[bad[0]]]), name)}: {trailing_text(int(ends[0]), int(size[bad[0]]))}")
+            raise ShardCorruptError(f"{shards.where(int(shards.starts[sh]) + int(bad[0]), name)}: {trailing_text(int(ends[0]), int(size[bad[0]]))}")
+        checked.add(j)
