@@ -41,7 +41,7 @@ from cachebuild.builder.backends import run_jobs
 from cachebuild.builder.cluster_check import check_cluster
 from cachebuild.format.packing import effective_pack
 from cachebuild.builder.builder import BuildOptions, BuildSummary, _build_shard, finished_shards, _fingerprint_doc, _index_of, _progress, records_per_shard
-from cachebuild.builder.generation_manifest import APPEND_RECORD, commit_generation, generation_table
+from cachebuild.builder.generation_manifest import APPEND_RECORD, commit_generation, generation_table, old_shape_bounds
 from cachebuild.builder.lock import build_lock
 from cachebuild.builder.markers import BUILD_RECORD, STAGING_DIR, read_json, write_json
 from cachebuild.builder.overwrite import SWAP_RECORD, finish_swap
@@ -180,6 +180,8 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
     plan = _plan(manifest, per_shard, opts.records, str(out.path))
     doc = {**base_doc, "generation": generation, "generation_seed": seed, "first_shard": plan[0].index, "first_record": plan[0].start}
     fingerprint = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    entry = {"generation": generation, "seed": seed, "first_shard": plan[0].index, "shards": len(plan), "first_record": plan[0].start, "records": opts.records}
+    old_bounds = old_shape_bounds(out.path, manifest, entry, opts.keep)  # (a corrupt old index is refused here, before anything is written)
     _start(out, manifest, doc, fingerprint, opts.sync)
     done: dict[int, ShardEntry] = finished_shards(out, plan, fingerprint, deep=True)
     todo = [spec for spec in plan if spec.index not in done]
@@ -198,8 +200,7 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
     finally:
         bar.close()
     new = [done[spec.index] for spec in plan]
-    entry = {"generation": generation, "seed": seed, "first_shard": plan[0].index, "shards": len(plan), "first_record": plan[0].start, "records": opts.records}
-    committed = commit_generation(out.path, manifest, new, entry, opts.keep)
+    committed = commit_generation(out.path, manifest, new, entry, opts.keep, old_bounds)
     out.remove(APPEND_RECORD)
     if opts.keep is not None:
         from cachebuild.builder.prune import prune_unlocked

@@ -27,7 +27,7 @@ from cachebuild.format.generations import GENERATIONS_DIR, GROWN_VERSION, genera
 from cachebuild.format.index import load_index
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
 
-__all__ = ["generation_table", "shard_number", "commit_generation", "listed_generations", "shard_files", "APPEND_RECORD"]
+__all__ = ["generation_table", "shard_number", "commit_generation", "listed_generations", "old_shape_bounds", "shard_files", "APPEND_RECORD"]
 
 
 def shard_number(name: str) -> int:
@@ -56,15 +56,47 @@ def _load_index(root: Path, shard: ShardEntry, n_fields: int) -> np.ndarray:
         raise OutputError(str(exc)) from exc
 
 
-def _next_manifest(root: Path, old: Manifest, new: list[ShardEntry], entry: dict[str, Any], keep: int | None) -> Manifest:
-    """Generation ``entry['generation']``: the old listing (cut to the newest ``keep`` generations) plus ``new``."""
+def _kept_table(old: Manifest, entry: dict[str, Any], keep: int | None) -> list[dict[str, Any]]:
+    """The generations the next manifest lists: the old ones and ``entry``, cut to the newest ``keep``."""
     table = generation_table(old) + [entry]
-    if keep is not None:
-        table = table[-keep:]
-    first_kept = int(table[0]["first_shard"])
-    shards = tuple(s for s in old.shards if shard_number(s.name) >= first_kept) + tuple(new)
+    return table if keep is None else table[-keep:]
+
+
+def _kept_old_shards(old: Manifest, entry: dict[str, Any], keep: int | None) -> tuple[ShardEntry, ...]:
+    """The old shards the next manifest keeps listing."""
+    first_kept = int(_kept_table(old, entry, keep)[0]["first_shard"])
+    return tuple(s for s in old.shards if shard_number(s.name) >= first_kept)
+
+
+def _shape_bounds(index: np.ndarray) -> np.ndarray:
+    """Two rows standing for a shard's whole index in :func:`schemas_from_indexes`: each field's
+    smallest and largest shape per axis, and the rank of its first record (empty for an empty shard)."""
+    if not len(index):
+        return index[:0]
+    out = np.zeros((2, index.shape[1]), index.dtype)
+    out["ndim"] = index["ndim"][0]
+    out["shape"][0], out["shape"][1] = index["shape"].min(axis=0), index["shape"].max(axis=0)
+    return out
+
+
+def old_shape_bounds(root: Path, old: Manifest, entry: dict[str, Any], keep: int | None) -> list[np.ndarray]:
+    """What the next manifest's field schemas need of the old shards it keeps (:func:`_shape_bounds` of
+    each index), read and checked now: an append calls this before it writes anything, so a cache whose
+    old index is corrupt is refused (:class:`~cachebuild.errors.OutputError`) with nothing built. One
+    index is held at a time."""
+    n_fields = len(old.fields)
+    return [_shape_bounds(_load_index(root, s, n_fields)) for s in _kept_old_shards(old, entry, keep)]
+
+
+def _next_manifest(root: Path, old: Manifest, new: list[ShardEntry], entry: dict[str, Any], keep: int | None, old_bounds: list[np.ndarray]) -> Manifest:
+    """Generation ``entry['generation']``: the old listing (cut to the newest ``keep`` generations) plus ``new``;
+    ``old_bounds``: :func:`old_shape_bounds` of the same ``old``, ``entry`` and ``keep``."""
+    table = _kept_table(old, entry, keep)
+    kept = _kept_old_shards(old, entry, keep)
+    shards = kept + tuple(new)
     fields = [(f.name, f.dtype) for f in old.fields]
-    fields_schema = schemas_from_indexes(fields, [_load_index(root, s, len(fields)) for s in shards], [s.name for s in shards])
+    indexes = list(old_bounds) + [_load_index(root, s, len(fields)) for s in new]
+    fields_schema = schemas_from_indexes(fields, indexes, [s.name for s in shards])
     build = dict(old.build)
     build.update(
         generation=int(entry["generation"]),
@@ -77,18 +109,18 @@ def _next_manifest(root: Path, old: Manifest, new: list[ShardEntry], entry: dict
     return Manifest(kind=old.kind, config=old.config, seed=old.seed, codec=old.codec, fields=fields_schema, shards=shards, version=GROWN_VERSION, build=build, created_by=old.created_by, root=old.root)
 
 
-def commit_generation(root: Path, old: Manifest, new: list[ShardEntry], entry: dict[str, Any], keep: int | None) -> Manifest:
+def commit_generation(root: Path, old: Manifest, new: list[ShardEntry], entry: dict[str, Any], keep: int | None, old_bounds: list[np.ndarray]) -> Manifest:
     """Write the new generation's snapshot, then replace ``manifest.json`` (the commit point); returns it.
 
     The previous generation gets its snapshot first (a cache's first append
     snapshots generation 0), so a reader of it finds its shard list after the
-    commit.
+    commit. ``old_bounds``: :func:`old_shape_bounds`, read before the append built anything.
     """
     before = snapshot_path(root, generation_of(old))
     before.parent.mkdir(exist_ok=True)
     if not before.is_file():
         atomic_write_bytes(before, (root / MANIFEST_NAME).read_bytes())
-    manifest = _next_manifest(root, old, new, entry, keep)
+    manifest = _next_manifest(root, old, new, entry, keep, old_bounds)
     data = manifest.to_json()
     Manifest.from_json(data, str(root))  # what every reader will check, checked before it is committed
     atomic_write_bytes(snapshot_path(root, generation_of(manifest)), data)

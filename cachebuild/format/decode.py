@@ -36,13 +36,14 @@ import numpy as np
 import zstandard
 
 from cachebuild.errors import ShardCorruptError
-from cachebuild.format.entries import CRC, FCS, HI, LO, NBYTES, OFF, SHAPE, SHR, SIZE, TAIL, block_entries, field_meta
+from cachebuild.format.entries import CHECK_HEADER, CRC, FCS, HI, LO, NBYTES, OFF, SHAPE, SHR, SIZE, TAIL, block_entries, field_meta
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.json_values import read_json_values
+from cachebuild.format.npy import npy_header_lengths
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.rows import as_rows
 from cachebuild.format.segments import Segments, segments_of
-from cachebuild.format.shared_frames import declared_ok, distinct_frames, gather_shared
+from cachebuild.format.shared_frames import NPY_ALIGN, declared_ok, distinct_frames, gather_shared
 from cachebuild.format.zstd_output import decompress_chunks, first_bad_frame
 
 try:  # ISA-L's crc32: zlib's checksum, about 4x faster (raw caches check every member read); zlib is the fallback
@@ -129,7 +130,7 @@ class _Frames:
     tail: np.ndarray  # decoded bytes after the record's data in its frame (0 unless the frame is shared)
     lo: np.ndarray  # the decoded size the frame may declare, at least
     hi: np.ndarray  # and at most
-    shared: np.ndarray  # the frame holds other entries too (bit 0; bit 1: its declared size is lo + a multiple of 64)
+    shared: np.ndarray  # the frame holds other entries too (bit 0; bit 1: its declared size is lo + a multiple of 64; bit 2: CHECK_HEADER)
     shape: np.ndarray  # [frames, nd] the entry's shape (unused dims 1)
 
 
@@ -199,6 +200,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
         i = int(m.group(1)) + getattr(exc, "item_base", 0) if m else first_bad_frame(dctx, payloads)
         raise _corrupt(shards, ids, names, fr, int(pick[i]), "zstd: " + _ITEM_RE.sub("frame", str(exc))) from exc  # the record is named; the block position is not news
     lens = sizes.astype(np.int64)  # zstd checked: each frame decoded to exactly its declared size
+    _check_npy_starts(shards, ids, names, fr, pick, buffers, buf_of, offs, lens)
     eoff, elen, buf_id = offs[slot], lens[slot], buf_of[slot]
     for i in np.flatnonzero(elen < fr.tail + fr.nbytes)[:1].tolist():
         raise _corrupt(shards, ids, names, fr, i, f"decoded {int(elen[i])} bytes < {int(fr.tail[i] + fr.nbytes[i])} bytes of array data")
@@ -211,6 +213,31 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     return buffers, buf_id, data_off, (out, stride_ok)
 
 
+def _check_npy_starts(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames, pick: np.ndarray, buffers: list[np.ndarray], buf_of: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> None:
+    """A decoded frame that holds a ``.npy`` header and does not declare the size the writer's header and the
+    data make (marked :data:`~cachebuild.format.entries.CHECK_HEADER` when its shard's entries were read; none
+    the writer wrote) must be a ``.npy`` header, as long as its own length field says, then exactly the
+    entries' data the index says. The data is read from the frame's end, so a frame that decodes to fewer
+    bytes (a well-formed, checksummed frame of a shortened ``.npy``) would put the record's data inside the
+    header: shifted data. ``lo`` is the entries' data (+ :data:`NPY_ALIGN` for a shared frame)."""
+    has = np.flatnonzero(fr.shared[pick] & CHECK_HEADER)
+    if not has.size:
+        return
+    at, size = pick[has], lens[has]
+    data = fr.lo[at] - ((fr.shared[at] & 2) != 0) * NPY_ALIGN
+    header = npy_header_lengths(buffers, buf_of[has], offs[has], size)
+    bad = np.flatnonzero((header < 0) | (header + data != size))
+    if bad.size:
+        i = int(bad[0])
+        h, n, d = int(header[i]), int(size[i]), int(data[i])
+        why = (
+            "decoded member does not start with a .npy header (magic, version 1-3)"
+            if h < 0
+            else f"decoded .npy member is {n} bytes, its header says {h} bytes of header and the index {d} bytes of data"
+        )
+        raise _corrupt(shards, ids, names, fr, int(at[i]), why + " (data would be shifted: corrupt, or not written by cachebuild)")
+
+
 def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> np.ndarray:
     """Each frame's declared decoded size, refused unless it is the index's array data plus a small
     ``.npy`` header: nothing is allocated for a frame that claims more (a decompression bomb)."""
@@ -219,7 +246,7 @@ def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Fr
         i = int(np.flatnonzero(fcs == -2)[0])
         raise _corrupt(shards, ids, names, fr, i, "not a zstd frame (bad frame header)")
     # (fr.lo, fr.hi: the entry's data, its frame's other entries' where shared, and a .npy header only in a member's first frame)
-    bad = np.flatnonzero(~declared_ok(fcs, fr.lo, fr.hi, fr.shared >= 2))
+    bad = np.flatnonzero(~declared_ok(fcs, fr.lo, fr.hi, (fr.shared & 2) != 0))
     if bad.size:
         i = int(bad[0])
         what = "does not declare its size" if fcs[i] < 0 else f"declares {int(fcs[i])} bytes"

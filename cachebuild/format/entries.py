@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cachebuild.format.index import MAX_NDIM
-from cachebuild.format.index_check import frame_headers, parse_frame_headers
+from cachebuild.errors import ShardCorruptError
+from cachebuild.format.index_check import frame_headers, parse_frame_headers, trailing_frames, trailing_text
+from cachebuild.format.npy import npy_header_lengths, writer_header_sizes
+from cachebuild.format.shared_frames import NPY_ALIGN
 
 if TYPE_CHECKING:
     from cachebuild.format.reader import ShardSet
 
-__all__ = ["OFF", "SIZE", "NBYTES", "CRC", "FCS", "TAIL", "LO", "HI", "SHR", "SHAPE", "WHOLE_TABLE_BYTES", "block_entries", "shard_table", "field_meta"]
+__all__ = ["OFF", "SIZE", "NBYTES", "CRC", "FCS", "TAIL", "LO", "HI", "SHR", "SHAPE", "CHECK_HEADER", "WHOLE_TABLE_BYTES", "block_entries", "shard_table", "field_meta"]
 
 OFF, SIZE, NBYTES, CRC, FCS, TAIL, LO, HI, SHR, SHAPE = range(10)  # columns of an entry table; the shape's dims follow
 
@@ -43,12 +46,80 @@ def shard_table(shards: ShardSet, s: int, cols: tuple[int, ...], nd: int) -> np.
     table[..., TAIL], table[..., SHR] = 0, 0
     table[..., LO] = table[..., HI] = table[..., NBYTES]
     if shards.codec == "zstd" and idx.size:
-        hdr = frame_headers(np.frombuffer(sh.view, np.uint8), table[..., OFF].reshape(-1))
+        tar = np.frombuffer(sh.view, np.uint8)
+        hdr = frame_headers(tar, table[..., OFF].reshape(-1))
         table[..., FCS] = parse_frame_headers(hdr, table[..., SIZE].reshape(-1)).reshape(idx.shape)
+        _refuse_trailing(shards, s, cols, tar, table, hdr)
+        del tar
         layout = shards.layout(s)
         for c, arr in ((TAIL, layout.tail), (LO, layout.lo), (HI, layout.hi), (SHR, layout.shared + 2 * layout.aligned)):
             table[..., c] = arr[:, list(cols)]
+        _mark_unusual_headers(shards, s, cols, idx, table)
+    elif idx.size:
+        _refuse_raw_shift(shards, s, cols, idx, table, np.frombuffer(sh.view, np.uint8))
     return table
+
+
+CHECK_HEADER = 4
+"""Bit of an entry table's ``SHR`` column: the entry's frame holds a ``.npy`` header but does not declare
+the size the writer's header (for the index's shape and the manifest's dtype) and the entries' data make,
+so the decoder reads its header's own length field after decoding it (:mod:`cachebuild.format.decode`).
+Every frame the writer writes matches (bit clear: nothing more to do when read); a stranger's frame that
+decodes shorter than its ``.npy``, whose data would otherwise be read shifted, does not."""
+
+
+def _refuse_raw_shift(shards: ShardSet, s: int, cols: tuple[int, ...], idx: np.ndarray, table: np.ndarray, tar: np.ndarray) -> None:
+    """Raw: a member's first payload (its ``.npy`` header, then the data) must be as long as its header's own
+    length field says plus the data the index gives, else the data, read from the payload's end, would be
+    shifted. Only payloads whose header is not as long as the writer's are read (12 bytes each, here, once
+    per shard and field list: none of a cache the writer wrote)."""
+    pack = int(shards.packs[s])
+    opens = np.arange(len(idx)) % pack == 0
+    for j, col in enumerate(cols):
+        schema = shards.manifest.fields[col]
+        t = table[:, j]
+        odd = np.flatnonzero(opens & (t[:, SIZE] - t[:, NBYTES] != writer_header_sizes(schema.dtype, idx["shape"][:, j, : schema.ndim], pack)))
+        if not odd.size:
+            continue
+        size, data = t[odd, SIZE], t[odd, NBYTES]
+        header = npy_header_lengths([tar], np.zeros(len(odd), np.int64), t[odd, OFF], size)
+        bad = np.flatnonzero((header < 0) | (header + data != size))
+        if bad.size:
+            i = int(bad[0])
+            h, n, d = int(header[i]), int(size[i]), int(data[i])
+            why = (
+                "stored member does not start with a .npy header (magic, version 1-3)"
+                if h < 0
+                else f"stored .npy member is {n} bytes, its header says {h} bytes of header and the index {d} bytes of data"
+            )
+            raise ShardCorruptError(f"{shards.where(int(shards.starts[s]) + int(odd[i]), schema.name)}: {why} (data would be shifted: corrupt, or not written by cachebuild)")
+
+
+def _mark_unusual_headers(shards: ShardSet, s: int, cols: tuple[int, ...], idx: np.ndarray, table: np.ndarray) -> None:
+    """Set :data:`CHECK_HEADER` on the entries of shard ``s`` whose header-holding frame declares another
+    size than the writer's header plus the data (one header made per distinct shape, per field)."""
+    pack = int(shards.packs[s])
+    for j, col in enumerate(cols):
+        t = table[:, j]
+        header = t[:, HI] > t[:, LO]  # (the frame opens its member: a header is allowed)
+        if not header.any():
+            continue
+        schema = shards.manifest.fields[col]
+        writer = writer_header_sizes(schema.dtype, idx["shape"][:, j, : schema.ndim], pack)
+        data = t[:, LO] - ((t[:, SHR] & 2) != 0) * NPY_ALIGN
+        t[:, SHR] |= CHECK_HEADER * (header & (t[:, FCS] != writer + data))
+
+
+def _refuse_trailing(shards: ShardSet, s: int, cols: tuple[int, ...], tar: np.ndarray, table: np.ndarray, hdr: np.ndarray) -> None:
+    """Refuse an entry of shard ``s`` whose zstd frame ends before the entry does (bytes after it, which
+    the decoder would skip and ``zstd -d`` would decode): the block-header walk ``verify`` makes, here
+    once per shard and field list when its table is filled, not per read."""
+    flat = table.reshape(-1, table.shape[-1])
+    bad, ends = trailing_frames(tar, flat[:, OFF], flat[:, SIZE], flat[:, FCS], hdr)
+    if bad.size:
+        r, j = divmod(int(bad[0]), len(cols))
+        name = shards.manifest.fields[cols[j]].name
+        raise ShardCorruptError(f"{shards.where(int(shards.starts[s]) + r, name)}: {trailing_text(int(ends[0]), int(flat[bad[0], SIZE]))}")
 
 
 WHOLE_TABLE_BYTES = 256 << 20

@@ -29,7 +29,7 @@ from cachebuild.format.packing import is_first_entry, tar_order
 from cachebuild.format.shared_frames import coincides, declared_ok, frame_layout
 from cachebuild.format.tarball import tar_headers
 
-__all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_names", "frame_content_sizes", "frame_ends", "frame_headers", "parse_frame_headers"]
+__all__ = ["check_index", "check_member_keys", "check_frames", "expected_member_names", "frame_content_sizes", "frame_ends", "frame_headers", "parse_frame_headers", "trailing_frames", "trailing_text"]
 
 _HEADER = MEMBER_MIN_BYTES
 _NAME_BYTES = 100
@@ -250,9 +250,27 @@ def check_frames(view: Any, index: np.ndarray, fields: Sequence[Any], shard: str
         r, j = divmod(int(bad[0]), len(fields))
         end = int(ends[bad[0]] - flat["offset"][bad[0]])
         raise ShardCorruptError(
-            f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': zstd frame "
-            + (f"ends after {end} of the entry's {int(flat['size'][bad[0]])} bytes (more bytes after it: another frame, which `zstd -d` would decode too)" if end >= 0 else "has a bad block header")
+            f"shard {shard}, record {record_key(first_record + r)}, field '{fields[j].name}': " + (trailing_text(end, int(flat["size"][bad[0]])) if end >= 0 else "zstd frame has a bad block header")
         )
+
+
+def trailing_text(end: int, size: int) -> str:
+    """What is wrong with an entry whose zstd frame ends ``end`` bytes into its ``size`` (the same words for every reader)."""
+    return f"zstd frame ends after {end} of the entry's {size} bytes (more bytes after it: another frame, which `zstd -d` would decode too)"
+
+
+def trailing_frames(tar: np.ndarray, offset: np.ndarray, size: np.ndarray, declared: np.ndarray, hdr: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(positions, ends)``: the frames (at ``offset``, of stored length ``size``, declaring ``declared``:
+    see :func:`parse_frame_headers`) that end before their entry does, and where each ends (bytes into its
+    entry): bytes follow them inside the entry, which the decoder would skip and ``zstd -d`` would not.
+    One :func:`frame_ends` walk (block headers only, nothing decoded; ``hdr``: the frames' :func:`frame_headers`,
+    where already gathered). A frame whose header or blocks are bad is left to the decoder (zstd names it)."""
+    good = declared != -2
+    ok = np.arange(len(declared)) if good.all() else np.flatnonzero(good)
+    off = offset[ok].astype(np.int64)
+    ends = frame_ends(tar, off, size[ok], None if hdr is None else hdr[ok]) - off if ok.size else off
+    bad = (ends >= 0) & (ends != size[ok])
+    return ok[bad], ends[bad]
 
 
 _ZSTD_MAGIC = np.array([0x28, 0xB5, 0x2F, 0xFD], np.uint8)
@@ -291,11 +309,12 @@ def parse_frame_headers(hdr: np.ndarray, size: np.ndarray) -> np.ndarray:
     return np.where(ok, out, -2)
 
 
-def frame_ends(tar: np.ndarray, offset: np.ndarray, size: np.ndarray) -> np.ndarray:
+def frame_ends(tar: np.ndarray, offset: np.ndarray, size: np.ndarray, hdr: np.ndarray | None = None) -> np.ndarray:
     """Where each zstd frame at ``offset`` (of stored length ``size``) ends in ``tar``, walking its block
     headers (RFC 8878, 3.1.1.2) for all frames at once, one step per block; -1 for a bad block
-    header or a frame that runs past ``offset + size``. Frames already passed :func:`parse_frame_headers`."""
-    hdr = frame_headers(tar, offset)
+    header or a frame that runs past ``offset + size``. Frames already passed :func:`parse_frame_headers`
+    (``hdr``: their :func:`frame_headers`, where already gathered)."""
+    hdr = frame_headers(tar, offset) if hdr is None else hdr
     fhd = hdr[:, 4].astype(np.int64)
     fcs_flag, single = fhd >> 6, (fhd >> 5) & 1
     nfcs = np.where((fcs_flag == 0) & (single == 1), 1, _FCS_BYTES[fcs_flag])

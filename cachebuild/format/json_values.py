@@ -8,6 +8,7 @@ import numpy as np
 import zstandard
 
 from cachebuild.errors import ShardCorruptError
+from cachebuild.format.index_check import frame_content_sizes, trailing_frames, trailing_text
 from cachebuild.format.limits import load_json_bounded
 from cachebuild.format.reader import ShardSet
 
@@ -22,6 +23,8 @@ def read_json_values(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np
     frame, :mod:`cachebuild.format.shared_frames`); a shared frame is decoded once per call."""
     j = shards.field_pos[name]
     dctx = zstandard.ZstdDecompressor() if shards.codec == "zstd" else None
+    if dctx is not None:
+        _refuse_trailing(shards, ids, s, local, name)
     values: list[Any] = []
     data: bytes | memoryview
     decoded: dict[tuple[int, int], bytes] = {}
@@ -50,3 +53,23 @@ def read_json_values(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np
         end = len(data) - tail
         values.append(load_json_bounded(data[end - nbytes : end], shards.where(rid, name), ShardCorruptError))
     return values
+
+
+def _refuse_trailing(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np.ndarray, name: str) -> None:
+    """Refuse a record whose JSON frame ends before its entry does (bytes after it, which this decoder
+    would skip and ``zstd -d`` would decode): one block-header walk over the field's frames in each shard,
+    the first time the shard (as opened now) is read for it."""
+    j = shards.field_pos[name]
+    for sh in np.unique(s).tolist():
+        shard = shards.shard(sh)
+        checked: set[int] = shard.__dict__.setdefault("_json_frames_end", set())  # (goes with the open shard: a reopened one is walked again)
+        if j in checked:
+            continue
+        e = shard.index[:, j]
+        tar = np.frombuffer(shard.view, np.uint8)
+        off, size = e["offset"].astype(np.int64), e["size"].astype(np.int64)
+        bad, ends = trailing_frames(tar, off, size, frame_content_sizes(tar, off, size))
+        del tar
+        if bad.size:
+            raise ShardCorruptError(f"{shards.where(int(shards.starts[sh]) + int(bad[0]), name)}: {trailing_text(int(ends[0]), int(size[bad[0]]))}")
+        checked.add(j)

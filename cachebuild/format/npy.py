@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["npy_header", "npy_headers", "check_npy_header"]
+__all__ = ["npy_header", "npy_headers", "npy_header_lengths", "writer_header_sizes", "check_npy_header"]
 
 
 @lru_cache(maxsize=4096)
@@ -63,3 +63,76 @@ def check_npy_header(header: bytes | memoryview, dtype: str, shape: tuple[int, .
         raise ShardCorruptError(
             f"{where}: .npy header says dtype {got_dtype.str}, shape {tuple(got_shape)}, fortran_order {fortran}; the manifest and index say {np.dtype(dtype).str}, {tuple(shape)}, C order"
         )
+
+
+_MAGIC_V1, _MAGIC_V2, _MAGIC_V3 = (int(np.frombuffer(b"\x93NUMPY" + bytes([v, 0]), "<u8")[0]) for v in (1, 2, 3))
+"""The first 8 bytes of a ``.npy`` file of version 1.0, 2.0 and 3.0, read as a little-endian uint64."""
+_HEAD = np.dtype([("magic", "<u8"), ("length", "<u4")])
+
+
+def npy_header_lengths(buffers: list[np.ndarray], buf_of: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Length of the ``.npy`` header (magic, version, length field and text) at the start of each decoded
+    member (``buffers[buf_of[i]][offs[i] : offs[i] + lens[i]]``), as its own length field says; -1 where the
+    member does not start with a ``.npy`` magic and version 1.0, 2.0 or 3.0. Copies the first 12 bytes of
+    each member, one numpy gather per run of members in one buffer (the block decoder's check that array
+    data starts where its header ends: ~0.05 us a member)."""
+    n = len(offs)
+    head = np.zeros((n, 12), np.uint8)
+    whole = lens >= 12  # (a shorter member is no .npy; its bytes are not read)
+    cuts = (np.flatnonzero(buf_of[1:] != buf_of[:-1]) + 1).tolist() if n else []
+    for a, b in zip([0, *cuts], [*cuts, n] if n else []):
+        buf = buffers[int(buf_of[a])]
+        if len(buf) >= 12:
+            windows = np.lib.stride_tricks.as_strided(buf, shape=(len(buf) - 11, 12), strides=(1, 1), writeable=False)
+            head[a:b] = windows[np.where(whole[a:b], offs[a:b], 0)]
+    fields = head.view(_HEAD)[:, 0]
+    magic, length = fields["magic"], fields["length"].astype(np.int64)
+    out: np.ndarray = np.where(magic == _MAGIC_V1, 10 + (length & 0xFFFF), np.where((magic == _MAGIC_V2) | (magic == _MAGIC_V3), 12 + length, -1))
+    return np.where(whole, out, -1)
+
+
+def writer_header_sizes(dtype: str, shapes: np.ndarray, pack: int) -> np.ndarray:
+    """Per record of one field of a shard (``shapes``: int ``[records, ndim]``): the length of the ``.npy``
+    header the writer puts at the start of the record's member (with ``pack > 1``, the same for every record
+    of a member; only its first frame holds it). A member's header gives its group's shape: ``(G, *shape)`` when the group's records
+    share one shape, else ``(total elements,)`` (as :mod:`cachebuild.format.member_block` writes it).
+    One header is made per distinct header shape (numpy's own writer, as :func:`npy_header`)."""
+    records, ndim = shapes.shape
+    out = np.zeros(records, np.int64)
+    if not records:
+        return out
+    shapes = shapes.astype(np.int64)
+    if pack <= 1:
+        rows, keys = np.arange(records), np.concatenate([np.zeros((records, 1), np.int64), shapes], axis=1)
+    else:
+        rows = np.arange(0, records, pack)
+        group = np.arange(records) // pack
+        same = np.logical_and.reduceat((shapes == shapes[rows][group]).all(axis=1), rows)
+        total = np.add.reduceat(shapes.prod(axis=1), rows)
+        count = np.diff(np.append(rows, records))
+        stacked = np.concatenate([np.ones((len(rows), 1), np.int64), count[:, None], shapes[rows]], axis=1)
+        flat = np.concatenate([np.full((len(rows), 1), 2, np.int64), total[:, None], np.zeros((len(rows), ndim), np.int64)], axis=1)
+        keys = np.where(same[:, None], stacked, flat)
+    uniq, inverse = _unique_rows(keys)
+    descr = _descr(np.dtype(dtype))
+    sizes = np.array([len(_header(descr, _header_shape(u))) for u in uniq.tolist()], np.int64)
+    out[:] = sizes[inverse.reshape(-1)] if pack <= 1 else np.repeat(sizes[inverse.reshape(-1)], np.diff(np.append(rows, records)))
+    return out
+
+
+def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, axis=0, return_inverse=True)`` for non-negative int64 rows, through one int64 key
+    per row where the rows' ranges allow it (a 1-d unique: ~10x faster than numpy's row sort)."""
+    span = keys.max(axis=0) + 1
+    if float(np.prod(span.astype(np.float64))) >= 2.0**62:
+        return np.unique(keys, axis=0, return_inverse=True)
+    mult = np.append(np.cumprod(span[::-1])[::-1][1:], 1)
+    _, first, inverse = np.unique(keys @ mult, return_index=True, return_inverse=True)
+    return keys[first], inverse
+
+
+def _header_shape(key: list[int]) -> tuple[int, ...]:
+    """A :func:`writer_header_sizes` key back to the header's shape: ``[0, *shape]`` the record's own,
+    ``[1, G, *shape]`` a group of one shape stacked, ``[2, total, ...]`` a flat group."""
+    kind = key[0]
+    return tuple(key[1:]) if kind == 0 else tuple(key[1:]) if kind == 1 else (key[1],)

@@ -28,13 +28,14 @@ import zstandard
 
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.decode import read_block
+from cachebuild.format.entries import CHECK_HEADER, SHR, shard_table
 from cachebuild.format.index_check import check_frames, check_member_keys
 from cachebuild.format.limits import MAX_NPY_HEADER
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.npy import check_npy_header
 from cachebuild.format.reader import ShardSet
 
-__all__ = ["BLOCK_BYTES", "check_headers", "check_members", "check_structure", "read_record", "record_blocks"]
+__all__ = ["BLOCK_BYTES", "check_headers", "check_members", "check_npy_starts", "check_structure", "read_record", "record_blocks"]
 
 BLOCK_BYTES = 32 << 20
 """Decoded bytes a block of :func:`record_blocks` aims at (a block may exceed it by its last record)."""
@@ -81,12 +82,33 @@ def check_members(shards: ShardSet, s: int) -> None:
 
 
 def check_structure(shards: ShardSet, s: int) -> None:
-    """:func:`check_members`, then every JSON member of shard ``s`` decoded and parsed within the limits."""
+    """:func:`check_members`, then every JSON member of shard ``s`` decoded and parsed within the limits,
+    and every ``.npy`` header's length checked against the data after it (:func:`check_npy_starts`)."""
     check_members(shards, s)
     names = [f.name for f in shards.manifest.fields if f.dtype == JSON_DTYPE]
     if names:
         for a, b in record_blocks(shards, s, names):
             read_block(shards, np.arange(a, b), names)
+    check_npy_starts(shards, s)
+
+
+def check_npy_starts(shards: ShardSet, s: int) -> None:
+    """Refuse an entry of shard ``s`` that holds a ``.npy`` header whose data would not start where the
+    header ends (a shortened ``.npy`` in a well-formed zstd frame, or a raw payload: the loader would read
+    shifted data), as the loader does, through the shard's entry table: raw payloads are checked when it is
+    filled; zstd frames that do not declare the writer's header and data sizes are marked
+    (:data:`~cachebuild.format.entries.CHECK_HEADER`; none of a cache the writer wrote), and only the
+    records those are in are decoded, in bounded blocks. Also refuses bytes after any array frame."""
+    names = [f.name for f in shards.manifest.fields if f.dtype != JSON_DTYPE]
+    if not names:
+        return
+    cols = tuple(shards.field_pos[n] for n in names)
+    table = shard_table(shards, s, cols, max(shards.manifest.schema(n).ndim for n in names))
+    marked = np.flatnonzero((table[..., SHR] & CHECK_HEADER).any(axis=1)) + int(shards.starts[s])
+    for a, b in record_blocks(shards, s, names):
+        ids = marked[(marked >= a) & (marked < b)]
+        if ids.size:
+            read_block(shards, ids, names)
 
 
 def check_headers(shards: ShardSet, ids: np.ndarray, names: Sequence[str] | None = None) -> None:
