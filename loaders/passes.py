@@ -22,7 +22,9 @@ the old epoch and lose the loaded state); torchdata's ``StatefulDataLoader``
 likewise applies a loaded state to the next ``iter()`` only. A pass of the
 stream iterated directly (no workers) begins at its first ``next()``: an
 iterator made and dropped unread is no pass (torchdata, restoring a state
-saved at an epoch's end, makes one and drops it).
+saved at an epoch's end, makes one and drops it); one that torchdata restores
+(a state taken inside the loop, on an epoch's last batch) continues the saved
+epoch, whose rest is empty, as torchdata's workers do.
 
 The first pass of a new stream runs epoch 0.
 

@@ -1,0 +1,44 @@
+"""Acceptance audit of issues 3 and 12 (sixteenth session): what a user's loop met that the suite had not.
+
+Each test failed before its fix (see docs/DECISIONS.md, "Acceptance audit of issues 3 and 12").
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from loader_fixtures import all_batches_equal, causal_cache  # noqa: F401
+from loaders import ShardStream
+
+sdl = pytest.importorskip("torchdata.stateful_dataloader")
+
+
+def _stream(root):
+    return ShardStream(root, view="graphs", batch_size=16, seed=3)
+
+
+def _epochs(root, n: int) -> list[list]:
+    out = []
+    for e in range(n):
+        s = _stream(root)
+        s.set_epoch(e)
+        out.append(list(s))
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_state_taken_on_an_epochs_last_batch_finishes_that_epoch(causal_cache, workers):
+    """The usual loop saves inside ``for batch in dl`` : on the epoch's last batch the pass is still open.
+    torchdata resumes such a state with the (empty) rest of that epoch, then the next epoch, as it does
+    for any dataset; at 0 workers the stream skipped the rest and ran the next epoch at once, so a
+    loop counting epochs trained one more epoch than the uninterrupted run (2 workers were right)."""
+    e0, e1 = _epochs(causal_cache, 2)
+    dl = sdl.StatefulDataLoader(_stream(causal_cache), batch_size=None, num_workers=workers)
+    it = iter(dl)
+    for _ in range(len(e0)):
+        next(it)
+    state = dl.state_dict()
+    fresh = sdl.StatefulDataLoader(_stream(causal_cache), batch_size=None, num_workers=workers)
+    fresh.load_state_dict(state)
+    assert list(fresh) == [], "the rest of the saved epoch is empty"
+    assert all_batches_equal(list(fresh), e1), "then the next epoch, as in the uninterrupted run"
