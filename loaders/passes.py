@@ -44,13 +44,13 @@ Where the passes run decides who applies the rule:
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
 from cachebuild.errors import PassSupersededError
 
-__all__ = ["MAX_WORKERS", "Progress", "Control"]
+__all__ = ["MAX_WORKERS", "Progress", "Control", "DirectPass", "never_finished"]
 
 MAX_WORKERS = 256
 """DataLoader workers a stream can count passes for (one 32-byte slot each)."""
@@ -235,3 +235,42 @@ class Control:
     def worker_start(self, worker: int = 0) -> int:
         """Global batch worker ``worker``'s last pass started from."""
         return int(self.block[_HEAD + worker * _W_SLOT + _W_START])
+
+
+def never_finished(epoch: int, start: int) -> bool:
+    """A :data:`Finished` for a pass that continues its epoch even when none of it is left."""
+    return False
+
+
+class DirectPass:
+    """A pass of a stream iterated directly (no DataLoader workers); it begins at its first ``next()``,
+    so an iterator made and dropped unread (torchdata restoring a finished pass) starts no epoch.
+
+    ``run(continues)`` makes the pass's batches when it begins. torchdata's ``StatefulDataLoader``
+    at 0 workers saves this iterator's state next to the stream's and, on restore, makes a fresh
+    pass and loads that state into it: such a pass continues the saved epoch even when none of it
+    is left (``continues=True``; a state taken on its last batch: an empty rest, then the next pass
+    runs the next epoch), as torchdata resumes the open pass of any dataset and as its workers do.
+    A plain ``iter()`` after such a state starts the next epoch (the rule above).
+    """
+
+    def __init__(self, run: Callable[[bool], Iterator[Any]]) -> None:
+        self._make = run
+        self._run: Iterator[Any] | None = None
+        self._continues = False
+
+    def __iter__(self) -> "DirectPass":
+        return self
+
+    def __next__(self) -> Any:
+        if self._run is None:
+            self._run = self._make(self._continues)
+        return next(self._run)
+
+    def state_dict(self) -> dict[str, Any]:
+        """torchdata's iterator state: only that a pass was open (the position is the stream's)."""
+        return {"open_pass": True}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restored by torchdata: this pass continues the loaded epoch, even at its end."""
+        self._continues = bool(state.get("open_pass", False)) if isinstance(state, Mapping) else False

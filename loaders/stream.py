@@ -41,7 +41,7 @@ from loaders.batch import Batch, Layout, PackedBatch
 from loaders.generations import open_newest
 from loaders.mixgrow import load_generations, refresh_generations, stream_generations, use_generations
 from loaders.mixture import Mixture, OpenMixture, mixture_root, open_mixture, refuse_single_cache_options
-from loaders.passes import Control, Progress
+from loaders.passes import Control, DirectPass, Progress, never_finished
 from loaders.plan import EpochPlan, epoch_order
 from loaders.remote import RemoteOptions, check_remote_options, fetch_manifest, is_remote
 from loaders.shards import RemoteFiles
@@ -317,7 +317,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             skip = load[2] if load else 0
             self._worker_pass = [epoch, start, wid, nw, rank, ws, skip]
         else:  # iterated directly: this object counts what it hands out, from the first next() on
-            return self._direct_pass()
+            return DirectPass(self._run_direct)  # begins at its first next() (loaders.passes)
         world = World(rank, ws, wid, nw)
         plan = self.plan(epoch)
         ids = plan.rank_batches(world.world_size, world.rank, start)[world.worker :: world.num_workers][skip:]
@@ -328,13 +328,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         rings = self.slot_rings if in_worker and self._emit_packed else None
         return self._batches(plan, ids, shared=in_worker, rings=rings, worker=wid)
 
-    def _direct_pass(self) -> Iterator[Any]:
-        """A pass of this object itself (see :class:`_DirectPass`)."""
-        return _DirectPass(self)
-
     def _run_direct(self, continues: bool) -> Iterator[Any]:
         world, p = self.world(), self._progress
-        start = p.begin(world.world_size, _never_finished if continues else self._finished(world.world_size))
+        start = p.begin(world.world_size, never_finished if continues else self._finished(world.world_size))
         token = p.token  # load_state_dict, set_epoch or a newer pass retire it (loaders.passes)
         if start == 0:
             refresh_generations(self)
@@ -399,40 +395,3 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             f"ShardStream({str(self.root)!r}, view={c.view!r}, batch_size={c.batch_size}, shuffle={c.shuffle}, "
             f"seed={c.seed}, window={c.window}, drop_last={c.drop_last}, records={self.manifest.records}, generations={self.generations})"
         )
-
-
-def _never_finished(epoch: int, start: int) -> bool:
-    return False
-
-
-class _DirectPass:
-    """A pass of a stream iterated directly (no DataLoader workers); it begins at its first ``next()``,
-    so an iterator made and dropped unread (torchdata restoring a finished pass) starts no epoch.
-
-    torchdata's ``StatefulDataLoader`` at 0 workers saves this iterator's state next to the stream's
-    and, on restore, makes a fresh pass and loads that state into it: such a pass continues the
-    saved epoch even when none of it is left (a state taken on its last batch: an empty rest, then
-    the next pass runs the next epoch), as torchdata resumes the open pass of any dataset and as its
-    workers do. A plain ``iter()`` after such a state starts the next epoch (:mod:`loaders.passes`).
-    """
-
-    def __init__(self, stream: ShardStream) -> None:
-        self._stream = stream
-        self._run: Iterator[Any] | None = None
-        self._continues = False
-
-    def __iter__(self) -> "_DirectPass":
-        return self
-
-    def __next__(self) -> Any:
-        if self._run is None:
-            self._run = self._stream._run_direct(self._continues)
-        return next(self._run)
-
-    def state_dict(self) -> dict[str, Any]:
-        """torchdata's iterator state: only that a pass was open (the position is the stream's)."""
-        return {"open_pass": True}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restored by torchdata: this pass continues the loaded epoch, even at its end."""
-        self._continues = bool(state.get("open_pass", False)) if isinstance(state, Mapping) else False
