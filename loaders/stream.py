@@ -47,7 +47,7 @@ from loaders.remote import RemoteOptions, check_remote_options, fetch_manifest, 
 from loaders.shards import RemoteFiles
 from loaders.shared_pools import SharedPools
 from loaders.slots import SlotRings
-from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state, plan_args
+from loaders.state import PlanConfig, cache_fingerprint, check_position, check_state, check_worker_state, make_state, make_worker_state, plan_args
 from loaders.views import make_view
 from loaders.shard_window import AUTO_WINDOW, batch_shards, check_rank, resolve_window, shard_schedule
 from loaders.world import World, detect_ranks, worker_part
@@ -254,6 +254,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         load_generations(self, state)  # the saved generations' shard lists, even when newer ones exist
         shards = max(map(len, self.mixture.shard_counts)) if self.mixture is not None else len(self._counts)
         epoch, position = check_state(state, self.config, self.fingerprint, shards, self.manifest.records if self.mixture is None else None)  # (a mixture's epoch: its weights')
+        check_position(state, position, self.plan(epoch).steps)
         if get_worker_info() is not None:
             w = state["worker"] if isinstance(state.get("worker"), Mapping) else {}
             self._worker_load = (epoch, position, check_worker_state(state, *worker_part()), w.get("rank"), state.get("world_size"))

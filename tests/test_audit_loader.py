@@ -42,3 +42,18 @@ def test_stateful_dataloader_state_taken_on_an_epochs_last_batch_finishes_that_e
     fresh.load_state_dict(state)
     assert list(fresh) == [], "the rest of the saved epoch is empty"
     assert all_batches_equal(list(fresh), e1), "then the next epoch, as in the uninterrupted run"
+
+
+def test_a_state_whose_position_is_past_its_epochs_end_is_refused(causal_cache):
+    """An edited or foreign state with a position beyond the epoch was taken as "epoch finished": the
+    next pass silently ran the next epoch. It is now one line naming the position and the epoch's end."""
+    from loaders import make_loader
+
+    loader = make_loader(_stream(causal_cache), num_workers=0)
+    state = loader.state_dict()
+    end = len(loader)  # world of 1: global batches = batches per rank
+    loader.load_state_dict({**state, "position": end})  # a state on the epoch's last batch: fine
+    with pytest.raises(ValueError, match=rf"position {end + 1} is past its epoch's end \({end} global batches"):
+        loader.load_state_dict({**state, "position": end + 1})
+    with pytest.raises(ValueError, match="invalid world_size: 0"):
+        loader.load_state_dict({**state, "world_size": 0})
