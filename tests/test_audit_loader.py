@@ -57,3 +57,22 @@ def test_a_state_whose_position_is_past_its_epochs_end_is_refused(causal_cache):
         loader.load_state_dict({**state, "position": end + 1})
     with pytest.raises(ValueError, match="invalid world_size: 0"):
         loader.load_state_dict({**state, "world_size": 0})
+
+
+def test_torchdata_nodes_iterable_wrapper_resumes_mid_epoch_exactly(causal_cache):
+    """torchdata's newer API (``torchdata.nodes``): the stream is ``Stateful``, so ``IterableWrapper`` saves
+    and loads it, through a ``Prefetcher`` too; a state taken on an epoch's last batch starts the next epoch
+    (the stream's rule, README)."""
+    tn = pytest.importorskip("torchdata.nodes")
+
+    def loader():
+        return tn.Loader(tn.Prefetcher(tn.IterableWrapper(_stream(causal_cache)), prefetch_factor=4))
+
+    e0, e1 = _epochs(causal_cache, 2)
+    for k in (5, len(e0)):
+        it = iter(first := loader())
+        head = [next(it) for _ in range(k)]
+        fresh = loader()
+        fresh.load_state_dict(first.state_dict())
+        rest = list(fresh)
+        assert all_batches_equal(head + rest, e0) if k < len(e0) else all_batches_equal(rest, e1)
