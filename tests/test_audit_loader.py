@@ -76,3 +76,13 @@ def test_torchdata_nodes_iterable_wrapper_resumes_mid_epoch_exactly(causal_cache
         fresh.load_state_dict(first.state_dict())
         rest = list(fresh)
         assert all_batches_equal(head + rest, e0) if k < len(e0) else all_batches_equal(rest, e1)
+
+
+@pytest.mark.parametrize("bad", ["a", "2", 2.5, True])
+def test_make_loader_refuses_a_num_workers_that_is_not_a_whole_number(causal_cache, bad):
+    """``num_workers="a"`` said only ``invalid literal for int() with base 10``; ``2.5`` became 2 workers and
+    ``True`` one, without a word. Now one line naming the argument and the value."""
+    from loaders import make_loader
+
+    with pytest.raises(ValueError, match=rf"^num_workers must be a whole number >= 0, got {bad!r}"):
+        make_loader(_stream(causal_cache), num_workers=bad)
