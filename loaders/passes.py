@@ -44,9 +44,12 @@ Where the passes run decides who applies the rule:
 
 from __future__ import annotations
 
+import os
+import weakref
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+from torch.utils.data import get_worker_info
 
 from cachebuild.errors import PassSupersededError
 
@@ -134,12 +137,46 @@ class Control:
 
     Pickles as a shared tensor, so workers started by ``fork`` or ``spawn``,
     persistent or not, all read and write the same memory.
+
+    The block belongs to one trainer process and its DataLoader workers. A copy of the stream
+    that reaches another process which is not a DataLoader worker (a DDP rank given the stream
+    by ``torch.multiprocessing.spawn`` or Lightning's ``ddp_spawn``, or forked) takes its own
+    copy of the block at its first use, before it pickles the stream for its workers, and before
+    it forks (an ``os.register_at_fork`` hook): ranks sharing one block read each other's passes
+    (every rank's workers ran the pass one rank handed out: the same half of the cache twice).
     """
 
     def __init__(self, caches: int = 1) -> None:
-        self.block = torch.zeros(_HEAD + MAX_WORKERS * _W_SLOT, dtype=torch.int64).share_memory_()
-        self.generations = torch.zeros(2, max(1, caches), dtype=torch.int64).share_memory_()
-        self.block[_GEN] = 1  # instruction 1 (no worker obeyed it yet): the first pass runs epoch 0 from 0
+        self._block: torch.Tensor = torch.zeros(_HEAD + MAX_WORKERS * _W_SLOT, dtype=torch.int64).share_memory_()
+        self._generations: torch.Tensor = torch.zeros(2, max(1, caches), dtype=torch.int64).share_memory_()
+        self._block[_GEN] = 1  # instruction 1 (no worker obeyed it yet): the first pass runs epoch 0 from 0
+        self._owner = os.getpid()
+        _CONTROLS.add(self)
+
+    @property
+    def block(self) -> torch.Tensor:
+        self._own()
+        return self._block
+
+    @property
+    def generations(self) -> torch.Tensor:
+        self._own()
+        return self._generations
+
+    def _own(self) -> None:
+        """In a process other than the block's owner and not a DataLoader worker: a private copy."""
+        if self._owner != os.getpid() and get_worker_info() is None:
+            self._block = self._block.clone().share_memory_()
+            self._generations = self._generations.clone().share_memory_()
+            self._owner = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._own()  # a rank pickling the stream for its spawned workers hands them its own block
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _CONTROLS.add(self)
 
     # ---- a loader's pass (make_loader): the main process decided it
     def hand_pass(self, epoch: int, start: int, rank: int, world_size: int) -> None:
@@ -235,6 +272,17 @@ class Control:
     def worker_start(self, worker: int = 0) -> int:
         """Global batch worker ``worker``'s last pass started from."""
         return int(self.block[_HEAD + worker * _W_SLOT + _W_START])
+
+
+_CONTROLS: "weakref.WeakSet[Control]" = weakref.WeakSet()
+
+
+def _own_before_fork() -> None:
+    for control in list(_CONTROLS):
+        control._own()
+
+
+os.register_at_fork(before=_own_before_fork)  # a rank forking its workers owns its block first (Control)
 
 
 def never_finished(epoch: int, start: int) -> bool:

@@ -50,7 +50,7 @@ from loaders.slots import SlotRings
 from loaders.state import PlanConfig, cache_fingerprint, check_position, check_state, check_worker_state, make_state, make_worker_state, plan_args
 from loaders.views import make_view
 from loaders.shard_window import AUTO_WINDOW, batch_shards, check_rank, resolve_window, shard_schedule
-from loaders.world import World, detect_ranks, worker_part
+from loaders.world import World, detect_ranks, process_group_world, worker_part
 
 __all__ = ["ShardStream"]
 
@@ -135,7 +135,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._spec = self.layout.spec()
         self._counts = np.array([s.records for s in self.manifest.shards], dtype=np.int64)
         check_rank(rank, world_size)
-        self._rank, self._world_size = rank, world_size
+        self._rank, self._world_size, self._parent_world = rank, world_size, None  # (the last: see __getstate__)
         self._decode_threads = decode_threads
         self._progress = Progress()
         self._control = Control(len(self.generations))
@@ -171,6 +171,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_reader"], state["_reader_pid"], state["_plan_cache"] = None, -1, None
+        state["_parent_world"] = process_group_world()  # spawned DataLoader workers learn their rank from it
         return state
 
     # ---- the plan
@@ -269,7 +270,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         w = self._worker_pass
         if w is None:  # no pass yet in this worker: the one it would run
             wid, nw = worker_part()
-            rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
+            rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True, parent=self._parent_world)
             w = [*self._control.worker_pass_preview(wid), wid, nw, rank, ws, 0]
         epoch, start, wid, nw, rank, ws, yielded = w
         return make_worker_state(self._stamp(make_state(epoch, start, self.config, self.fingerprint, ws, yielded, self.generation)), wid, nw, rank, yielded)
@@ -308,7 +309,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             epoch, start, rank, ws = handed
             use_generations(self, self._control.handed_generation())
         elif in_worker:  # another DataLoader's worker: it applies the epoch rule itself
-            rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
+            rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True, parent=self._parent_world)
             load, self._worker_load = self._worker_load, None
             if load is not None and tuple(load[3:]) != (rank, ws):
                 raise ValueError(f"loader state was saved by a worker of rank {load[3]} of {load[4]}, loaded in rank {rank} of {ws}: resume with the same world")

@@ -86,3 +86,26 @@ def test_make_loader_refuses_a_num_workers_that_is_not_a_whole_number(causal_cac
 
     with pytest.raises(ValueError, match=rf"^num_workers must be a whole number >= 0, got {bad!r}"):
         make_loader(_stream(causal_cache), num_workers=bad)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind, context", [("make", "fork"), ("plain", "fork"), ("plain", "spawn")])
+def test_a_stream_made_before_spawning_the_ranks_splits_the_cache(causal_cache, tmp_path, kind, context):
+    """Lightning's ``ddp_spawn`` (and ``torch.multiprocessing.spawn(main, args=(stream,))``) hands every rank a
+    pickled copy of one stream: its pass block, shared memory, was shared by all ranks, so every rank's workers
+    read the pass one rank handed out: 2 ranks trained on the same half of the cache (482 of 1,000 graphs, each
+    twice). Each rank now takes its own copy of the block before it hands out a pass or forks its workers.
+    And a plain DataLoader's spawned workers (no ``RANK`` in the environment: ``torch.multiprocessing.spawn``)
+    took themselves for rank 0 of 1, so every rank read the whole cache; they now get the world of the rank
+    that pickled the stream for them."""
+    from loader_fixtures import free_port, spawn_ranks
+    from shared_stream_run import rank_main
+
+    stream = ShardStream(causal_cache, view="graphs", batch_size=16, seed=5)
+    world = 2
+    results = spawn_ranks(rank_main, (world, free_port(), stream, str(tmp_path), kind, context), world, tmp_path, 200)
+    records = stream.manifest.records
+    for e in range(2):
+        ids = sorted(i for r in results for i in r["epochs"][e])
+        assert ids == list(range(records)), f"epoch {e}: {len(set(ids))} distinct records of {records} across the ranks, {len(ids)} read"
