@@ -315,6 +315,12 @@ class DirectPass:
             self._run = self._make(self._continues)
         return next(self._run)
 
+    def close(self) -> None:
+        """End the pass now, as a generator's ``close()`` (it was one)."""
+        if self._run is not None and hasattr(self._run, "close"):
+            self._run.close()
+        self._run = iter(())  # a closed pass yields nothing more, started or not
+
     def state_dict(self) -> dict[str, Any]:
         """torchdata's iterator state: only that a pass was open (the position is the stream's)."""
         return {"open_pass": True}

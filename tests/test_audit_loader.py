@@ -109,3 +109,16 @@ def test_a_stream_made_before_spawning_the_ranks_splits_the_cache(causal_cache, 
     for e in range(2):
         ids = sorted(i for r in results for i in r["epochs"][e])
         assert ids == list(range(records)), f"epoch {e}: {len(set(ids))} distinct records of {records} across the ranks, {len(ids)} read"
+
+
+def test_a_direct_pass_closes_like_the_generator_it_was(causal_cache):
+    """``iter(stream)`` was a generator; the pass object torchdata restores keeps its ``close()``."""
+    stream = _stream(causal_cache)
+    it = iter(stream)
+    next(it)
+    it.close()
+    assert list(it) == []
+    unstarted = iter(stream)
+    unstarted.close()
+    assert list(unstarted) == []
+    assert len(list(stream)) == len(stream)
