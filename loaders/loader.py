@@ -17,6 +17,7 @@ import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
+import numpy as np
 from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_convert
 
@@ -380,9 +381,9 @@ def make_loader(
     if not isinstance(dataset, ShardStream):
         raise TypeError(f"make_loader needs a ShardStream, got {type(dataset).__name__}")
     _refuse_stream_args(dataloader_kwargs)
+    if num_workers is not None and (isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0):
+        raise ValueError(f"num_workers must be a whole number >= 0, got {num_workers!r}")  # int() made 2.5 two workers, True one
     workers = default_workers() if num_workers is None else int(num_workers)
-    if workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {workers}")
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
     kwargs: dict[str, Any] = dict(num_workers=workers, pin_memory=pin, timeout=timeout, **dataloader_kwargs)
     if workers > 0:

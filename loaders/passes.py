@@ -22,7 +22,9 @@ the old epoch and lose the loaded state); torchdata's ``StatefulDataLoader``
 likewise applies a loaded state to the next ``iter()`` only. A pass of the
 stream iterated directly (no workers) begins at its first ``next()``: an
 iterator made and dropped unread is no pass (torchdata, restoring a state
-saved at an epoch's end, makes one and drops it).
+saved at an epoch's end, makes one and drops it); one that torchdata restores
+(a state taken inside the loop, on an epoch's last batch) continues the saved
+epoch, whose rest is empty, as torchdata's workers do.
 
 The first pass of a new stream runs epoch 0.
 
@@ -42,13 +44,16 @@ Where the passes run decides who applies the rule:
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import os
+import weakref
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+from torch.utils.data import get_worker_info
 
 from cachebuild.errors import PassSupersededError
 
-__all__ = ["MAX_WORKERS", "Progress", "Control"]
+__all__ = ["MAX_WORKERS", "Progress", "Control", "DirectPass", "never_finished"]
 
 MAX_WORKERS = 256
 """DataLoader workers a stream can count passes for (one 32-byte slot each)."""
@@ -132,12 +137,46 @@ class Control:
 
     Pickles as a shared tensor, so workers started by ``fork`` or ``spawn``,
     persistent or not, all read and write the same memory.
+
+    The block belongs to one trainer process and its DataLoader workers. A copy of the stream
+    that reaches another process which is not a DataLoader worker (a DDP rank given the stream
+    by ``torch.multiprocessing.spawn`` or Lightning's ``ddp_spawn``, or forked) takes its own
+    copy of the block at its first use, before it pickles the stream for its workers, and before
+    it forks (an ``os.register_at_fork`` hook): ranks sharing one block read each other's passes
+    (every rank's workers ran the pass one rank handed out: the same half of the cache twice).
     """
 
     def __init__(self, caches: int = 1) -> None:
-        self.block = torch.zeros(_HEAD + MAX_WORKERS * _W_SLOT, dtype=torch.int64).share_memory_()
-        self.generations = torch.zeros(2, max(1, caches), dtype=torch.int64).share_memory_()
-        self.block[_GEN] = 1  # instruction 1 (no worker obeyed it yet): the first pass runs epoch 0 from 0
+        self._block: torch.Tensor = torch.zeros(_HEAD + MAX_WORKERS * _W_SLOT, dtype=torch.int64).share_memory_()
+        self._generations: torch.Tensor = torch.zeros(2, max(1, caches), dtype=torch.int64).share_memory_()
+        self._block[_GEN] = 1  # instruction 1 (no worker obeyed it yet): the first pass runs epoch 0 from 0
+        self._owner = os.getpid()
+        _CONTROLS.add(self)
+
+    @property
+    def block(self) -> torch.Tensor:
+        self._own()
+        return self._block
+
+    @property
+    def generations(self) -> torch.Tensor:
+        self._own()
+        return self._generations
+
+    def _own(self) -> None:
+        """In a process other than the block's owner and not a DataLoader worker: a private copy."""
+        if self._owner != os.getpid() and get_worker_info() is None:
+            self._block = self._block.clone().share_memory_()
+            self._generations = self._generations.clone().share_memory_()
+            self._owner = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._own()  # a rank pickling the stream for its spawned workers hands them its own block
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _CONTROLS.add(self)
 
     # ---- a loader's pass (make_loader): the main process decided it
     def hand_pass(self, epoch: int, start: int, rank: int, world_size: int) -> None:
@@ -233,3 +272,59 @@ class Control:
     def worker_start(self, worker: int = 0) -> int:
         """Global batch worker ``worker``'s last pass started from."""
         return int(self.block[_HEAD + worker * _W_SLOT + _W_START])
+
+
+_CONTROLS: "weakref.WeakSet[Control]" = weakref.WeakSet()
+
+
+def _own_before_fork() -> None:
+    for control in list(_CONTROLS):
+        control._own()
+
+
+os.register_at_fork(before=_own_before_fork)  # a rank forking its workers owns its block first (Control)
+
+
+def never_finished(epoch: int, start: int) -> bool:
+    """A :data:`Finished` for a pass that continues its epoch even when none of it is left."""
+    return False
+
+
+class DirectPass:
+    """A pass of a stream iterated directly (no DataLoader workers); it begins at its first ``next()``,
+    so an iterator made and dropped unread (torchdata restoring a finished pass) starts no epoch.
+
+    ``run(continues)`` makes the pass's batches when it begins. torchdata's ``StatefulDataLoader``
+    at 0 workers saves this iterator's state next to the stream's and, on restore, makes a fresh
+    pass and loads that state into it: such a pass continues the saved epoch even when none of it
+    is left (``continues=True``; a state taken on its last batch: an empty rest, then the next pass
+    runs the next epoch), as torchdata resumes the open pass of any dataset and as its workers do.
+    A plain ``iter()`` after such a state starts the next epoch (the rule above).
+    """
+
+    def __init__(self, run: Callable[[bool], Iterator[Any]]) -> None:
+        self._make = run
+        self._run: Iterator[Any] | None = None
+        self._continues = False
+
+    def __iter__(self) -> "DirectPass":
+        return self
+
+    def __next__(self) -> Any:
+        if self._run is None:
+            self._run = self._make(self._continues)
+        return next(self._run)
+
+    def close(self) -> None:
+        """End the pass now, as a generator's ``close()`` (it was one)."""
+        if self._run is not None and hasattr(self._run, "close"):
+            self._run.close()
+        self._run = iter(())  # a closed pass yields nothing more, started or not
+
+    def state_dict(self) -> dict[str, Any]:
+        """torchdata's iterator state: only that a pass was open (the position is the stream's)."""
+        return {"open_pass": True}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restored by torchdata: this pass continues the loaded epoch, even at its end."""
+        self._continues = bool(state.get("open_pass", False)) if isinstance(state, Mapping) else False

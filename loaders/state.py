@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -44,6 +44,7 @@ __all__ = [
     "PlanConfig",
     "cache_fingerprint",
     "make_state",
+    "check_position",
     "check_state",
     "make_worker_state",
     "check_worker_state",
@@ -153,6 +154,17 @@ def check_state(state: Mapping[str, Any], cfg: PlanConfig, fingerprint: str, sha
     if not isinstance(epoch, int) or not isinstance(position, int) or epoch < 0 or position < 0:
         raise ValueError(f"loader state has an invalid epoch/position: {epoch!r}/{position!r}")
     return epoch, position
+
+
+def check_position(state: Mapping[str, Any], position: int, steps: Callable[[int], int]) -> None:
+    """Refuse a ``position`` past the end of its epoch (``steps(world_size)``: batches per rank of the
+    saved epoch): such a state was edited or belongs elsewhere, and used to run the next epoch silently."""
+    ws = state.get("world_size", 1)
+    if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
+        raise ValueError(f"loader state has an invalid world_size: {ws!r}")
+    end = steps(ws) * ws
+    if position > end:
+        raise ValueError(f"loader state's position {position} is past its epoch's end ({end} global batches at world_size {ws}): the state was edited, or saved with another cache or plan")
 
 
 def _one_window(window: Any, shards: int | None) -> Any:

@@ -41,16 +41,16 @@ from loaders.batch import Batch, Layout, PackedBatch
 from loaders.generations import open_newest
 from loaders.mixgrow import load_generations, refresh_generations, stream_generations, use_generations
 from loaders.mixture import Mixture, OpenMixture, mixture_root, open_mixture, refuse_single_cache_options
-from loaders.passes import Control, Progress
+from loaders.passes import Control, DirectPass, Progress, never_finished
 from loaders.plan import EpochPlan, epoch_order
 from loaders.remote import RemoteOptions, check_remote_options, fetch_manifest, is_remote
 from loaders.shards import RemoteFiles
 from loaders.shared_pools import SharedPools
 from loaders.slots import SlotRings
-from loaders.state import PlanConfig, cache_fingerprint, check_state, check_worker_state, make_state, make_worker_state, plan_args
+from loaders.state import PlanConfig, cache_fingerprint, check_position, check_state, check_worker_state, make_state, make_worker_state, plan_args
 from loaders.views import make_view
 from loaders.shard_window import AUTO_WINDOW, batch_shards, check_rank, resolve_window, shard_schedule
-from loaders.world import World, detect_ranks, worker_part
+from loaders.world import World, detect_ranks, process_group_world, worker_part
 
 __all__ = ["ShardStream"]
 
@@ -135,7 +135,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         self._spec = self.layout.spec()
         self._counts = np.array([s.records for s in self.manifest.shards], dtype=np.int64)
         check_rank(rank, world_size)
-        self._rank, self._world_size = rank, world_size
+        self._rank, self._world_size, self._parent_world = rank, world_size, None  # (the last: see __getstate__)
         self._decode_threads = decode_threads
         self._progress = Progress()
         self._control = Control(len(self.generations))
@@ -171,6 +171,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_reader"], state["_reader_pid"], state["_plan_cache"] = None, -1, None
+        state["_parent_world"] = process_group_world()  # spawned DataLoader workers learn their rank from it
         return state
 
     # ---- the plan
@@ -254,6 +255,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         load_generations(self, state)  # the saved generations' shard lists, even when newer ones exist
         shards = max(map(len, self.mixture.shard_counts)) if self.mixture is not None else len(self._counts)
         epoch, position = check_state(state, self.config, self.fingerprint, shards, self.manifest.records if self.mixture is None else None)  # (a mixture's epoch: its weights')
+        check_position(state, position, self.plan(epoch).steps)
         if get_worker_info() is not None:
             w = state["worker"] if isinstance(state.get("worker"), Mapping) else {}
             self._worker_load = (epoch, position, check_worker_state(state, *worker_part()), w.get("rank"), state.get("world_size"))
@@ -268,7 +270,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         w = self._worker_pass
         if w is None:  # no pass yet in this worker: the one it would run
             wid, nw = worker_part()
-            rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
+            rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True, parent=self._parent_world)
             w = [*self._control.worker_pass_preview(wid), wid, nw, rank, ws, 0]
         epoch, start, wid, nw, rank, ws, yielded = w
         return make_worker_state(self._stamp(make_state(epoch, start, self.config, self.fingerprint, ws, yielded, self.generation)), wid, nw, rank, yielded)
@@ -307,7 +309,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             epoch, start, rank, ws = handed
             use_generations(self, self._control.handed_generation())
         elif in_worker:  # another DataLoader's worker: it applies the epoch rule itself
-            rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True)
+            rank, ws = detect_ranks(self._rank, self._world_size, env_fallback=True, parent=self._parent_world)
             load, self._worker_load = self._worker_load, None
             if load is not None and tuple(load[3:]) != (rank, ws):
                 raise ValueError(f"loader state was saved by a worker of rank {load[3]} of {load[4]}, loaded in rank {rank} of {ws}: resume with the same world")
@@ -317,7 +319,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             skip = load[2] if load else 0
             self._worker_pass = [epoch, start, wid, nw, rank, ws, skip]
         else:  # iterated directly: this object counts what it hands out, from the first next() on
-            return self._direct_pass()
+            return DirectPass(self._run_direct)  # begins at its first next() (loaders.passes)
         world = World(rank, ws, wid, nw)
         plan = self.plan(epoch)
         ids = plan.rank_batches(world.world_size, world.rank, start)[world.worker :: world.num_workers][skip:]
@@ -328,11 +330,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         rings = self.slot_rings if in_worker and self._emit_packed else None
         return self._batches(plan, ids, shared=in_worker, rings=rings, worker=wid)
 
-    def _direct_pass(self) -> Iterator[Any]:
-        """A pass of this object itself; it begins at the first ``next()``, so an iterator made and
-        dropped unread (torchdata's restore of a state saved at an epoch's end) starts no epoch."""
+    def _run_direct(self, continues: bool) -> Iterator[Any]:
         world, p = self.world(), self._progress
-        start = p.begin(world.world_size, self._finished(world.world_size))
+        start = p.begin(world.world_size, never_finished if continues else self._finished(world.world_size))
         token = p.token  # load_state_dict, set_epoch or a newer pass retire it (loaders.passes)
         if start == 0:
             refresh_generations(self)

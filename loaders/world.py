@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["World", "detect_ranks", "worker_part"]
+__all__ = ["World", "detect_ranks", "process_group_world", "worker_part"]
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,14 @@ class World:
             raise ValueError(f"worker {self.worker} is not one of {self.num_workers} workers")
 
 
-def detect_ranks(rank: int | None = None, world_size: int | None = None, env_fallback: bool = False) -> tuple[int, int]:
+def detect_ranks(rank: int | None = None, world_size: int | None = None, env_fallback: bool = False, parent: tuple[int, int] | None = None) -> tuple[int, int]:
     """``(rank, world_size)`` of this process: explicit values win, then torch.distributed.
 
-    ``env_fallback`` also reads ``RANK``/``WORLD_SIZE`` (set by torchrun), which
-    a DataLoader worker uses when its parent process did not hand it a world.
+    ``env_fallback`` (a DataLoader worker whose parent process did not hand it a world): then
+    ``parent``, the world of the rank that pickled the stream for this worker
+    (:func:`process_group_world`; a worker started by ``spawn`` or ``forkserver`` is in no
+    process group, and ``torch.multiprocessing.spawn`` sets no ``RANK``), then
+    ``RANK``/``WORLD_SIZE`` (set by torchrun).
     """
     if rank is not None and world_size is not None:
         return int(rank), int(world_size)
@@ -46,11 +49,25 @@ def detect_ranks(rank: int | None = None, world_size: int | None = None, env_fal
 
         if dist.is_available() and dist.is_initialized():
             d_rank, d_world = dist.get_rank(), dist.get_world_size()
+        elif env_fallback and parent is not None:
+            d_rank, d_world = parent
         elif env_fallback and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             d_rank, d_world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except (ImportError, RuntimeError, ValueError):
         pass
     return (d_rank if rank is None else int(rank)), (d_world if world_size is None else int(world_size))
+
+
+def process_group_world() -> tuple[int, int] | None:
+    """``(rank, world_size)`` of torch.distributed's process group, or None when there is none."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except (ImportError, RuntimeError, ValueError):
+        pass
+    return None
 
 
 def worker_part() -> tuple[int, int]:
