@@ -20,7 +20,7 @@ leads a process group of its own, killed whole when the child ends or times out 
 tests/bounded_run.py does): no rank or DataLoader worker outlives its job.
 
 Protocol: one JSON request a line on stdin, ``{"code": str} or {"path": str}``, with ``"argv": [str, ...],
-"timeout": s`` and optionally ``"env": {...}``; one JSON reply a line on stdout, ``{"rc": int, "stdout":
+"timeout": s`` and optionally ``"env": {...}``, or ``{"quit": true}`` to end the server; one JSON reply a line on stdout, ``{"rc": int, "stdout":
 str, "stderr": str}``. The server imports the modules named on its command line (default :data:`PRELOAD`).
 :class:`ForkServer` is the client.
 """
@@ -119,7 +119,10 @@ def serve(requests: IO[str], replies: IO[str], preload: Sequence[str] = PRELOAD)
     for name in preload:
         importlib.import_module(name)
     for line in requests:
-        replies.write(json.dumps(_run_child(json.loads(line))) + "\n")
+        request = json.loads(line)
+        if request.get("quit"):  # (the client's pipe may also be held open by processes it forked since)
+            return
+        replies.write(json.dumps(_run_child(request)) + "\n")
         replies.flush()
 
 
@@ -148,9 +151,14 @@ class ForkServer:
         return subprocess.CompletedProcess(list(cmd), r["rc"], r["stdout"], r["stderr"])
 
     def close(self) -> None:
-        """End the server (after its current job)."""
+        """End the server (after its current job): a quit request, since the end of its stdin may never come
+        (a process this one forked since, such as a persistent DataLoader worker, holds the pipe's write end)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.close()
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.proc.stdin.flush()
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.close()
         self.proc.wait(60)
         self.proc.stdout.close()
 
