@@ -119,7 +119,8 @@ def data_bound_advice(sm: StallSummary, threshold: float) -> str:
     return (
         f"training is data-bound: the loop waited for its next batch {sm.wait_fraction:.0%} of the time "
         f"({sm.wait_s:.2f} s of {sm.wall_s:.2f} s over {sm.steps} steps, p95 wait {sm.wait_p95_ms:.1f} ms; threshold {threshold:.0%}). "
-        "To feed it faster: (1) more loader workers (num_workers, up to the free CPU cores); "
+        "To feed it faster: (1) more loader workers (num_workers, up to the free CPU cores; for twins batches of "
+        "compact='pool', whose work is the TwinsContext's decode in this process, TwinsContext(..., decoder='process', processes=N) instead); "
         "(2) a deeper prefetch (prefetch_factor: more batches in flight); "
         "(3) no decompression and no disk: a raw cache on tmpfs, `cachebuild generate --codec none` then `make ramdisk-stage`; "
         "(4) larger blocks/batches, so per-batch overhead is paid less often."
