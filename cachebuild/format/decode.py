@@ -39,7 +39,7 @@ from cachebuild.errors import ShardCorruptError
 from cachebuild.format.entries import CHECK_HEADER, CRC, FCS, HI, LO, NBYTES, OFF, SHAPE, SHR, SIZE, TAIL, block_entries, field_meta
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.json_values import read_json_values
-from cachebuild.format.npy import npy_header_lengths
+from cachebuild.format.npy import npy_header_lengths, npy_size_fault
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.rows import as_rows
 from cachebuild.format.segments import Segments, segments_of
@@ -225,17 +225,9 @@ def _check_npy_starts(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _
         return
     at, size = pick[has], lens[has]
     data = fr.lo[at] - ((fr.shared[at] & 2) != 0) * NPY_ALIGN
-    header = npy_header_lengths(buffers, buf_of[has], offs[has], size)
-    bad = np.flatnonzero((header < 0) | (header + data != size))
-    if bad.size:
-        i = int(bad[0])
-        h, n, d = int(header[i]), int(size[i]), int(data[i])
-        why = (
-            "decoded member does not start with a .npy header (magic, version 1-3)"
-            if h < 0
-            else f"decoded .npy member is {n} bytes, its header says {h} bytes of header and the index {d} bytes of data"
-        )
-        raise _corrupt(shards, ids, names, fr, int(at[i]), why + " (data would be shifted: corrupt, or not written by cachebuild)")
+    fault = npy_size_fault(npy_header_lengths(buffers, buf_of[has], offs[has], size), size, data, "decoded")
+    if fault is not None:
+        raise _corrupt(shards, ids, names, fr, int(at[fault[0]]), fault[1])
 
 
 def _declared_sizes(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frames) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 from cachebuild.format.index import MAX_NDIM
 from cachebuild.errors import ShardCorruptError
 from cachebuild.format.index_check import frame_headers, parse_frame_headers, trailing_frames, trailing_text
-from cachebuild.format.npy import npy_header_lengths, writer_header_sizes
+from cachebuild.format.npy import npy_header_lengths, npy_size_fault, writer_header_sizes
 from cachebuild.format.shared_frames import NPY_ALIGN
 
 if TYPE_CHECKING:
@@ -82,17 +82,9 @@ def _refuse_raw_shift(shards: ShardSet, s: int, cols: tuple[int, ...], idx: np.n
         if not odd.size:
             continue
         size, data = t[odd, SIZE], t[odd, NBYTES]
-        header = npy_header_lengths([tar], np.zeros(len(odd), np.int64), t[odd, OFF], size)
-        bad = np.flatnonzero((header < 0) | (header + data != size))
-        if bad.size:
-            i = int(bad[0])
-            h, n, d = int(header[i]), int(size[i]), int(data[i])
-            why = (
-                "stored member does not start with a .npy header (magic, version 1-3)"
-                if h < 0
-                else f"stored .npy member is {n} bytes, its header says {h} bytes of header and the index {d} bytes of data"
-            )
-            raise ShardCorruptError(f"{shards.where(int(shards.starts[s]) + int(odd[i]), schema.name)}: {why} (data would be shifted: corrupt, or not written by cachebuild)")
+        fault = npy_size_fault(npy_header_lengths([tar], np.zeros(len(odd), np.int64), t[odd, OFF], size), size, data, "stored")
+        if fault is not None:
+            raise ShardCorruptError(f"{shards.where(int(shards.starts[s]) + int(odd[fault[0]]), schema.name)}: {fault[1]}")
 
 
 def _mark_unusual_headers(shards: ShardSet, s: int, cols: tuple[int, ...], idx: np.ndarray, table: np.ndarray) -> None:

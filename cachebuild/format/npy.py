@@ -91,6 +91,18 @@ def npy_header_lengths(buffers: list[np.ndarray], buf_of: np.ndarray, offs: np.n
     return np.where(whole, out, -1)
 
 
+def npy_size_fault(header: np.ndarray, size: np.ndarray, data: np.ndarray, what: str) -> tuple[int, str] | None:
+    """The first member whose ``.npy`` header (``header``: :func:`npy_header_lengths`) plus its ``data``
+    bytes is not its ``size``, and why in words (``what``: "decoded" or "stored"); ``None`` when all agree."""
+    bad = np.flatnonzero((header < 0) | (header + data != size))
+    if not bad.size:
+        return None
+    i = int(bad[0])
+    h, n, d = int(header[i]), int(size[i]), int(data[i])
+    why = f"{what} member does not start with a .npy header (magic, version 1-3)" if h < 0 else f"{what} .npy member is {n} bytes, its header says {h} bytes of header and the index {d} bytes of data"
+    return i, why + " (data would be shifted: corrupt, or not written by cachebuild)"
+
+
 def writer_header_sizes(dtype: str, shapes: np.ndarray, pack: int) -> np.ndarray:
     """Per record of one field of a shard (``shapes``: int ``[records, ndim]``): the length of the ``.npy``
     header the writer puts at the start of the record's member (with ``pack > 1``, the same for every record
