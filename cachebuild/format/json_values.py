@@ -8,7 +8,7 @@ import numpy as np
 import zstandard
 
 from cachebuild.errors import ShardCorruptError
-from cachebuild.format.index_check import frame_content_sizes, trailing_frames, trailing_text
+from cachebuild.format.index_check import frame_headers, parse_frame_headers, trailing_frames, trailing_text
 from cachebuild.format.limits import load_json_bounded
 from cachebuild.format.reader import ShardSet
 
@@ -68,7 +68,8 @@ def _refuse_trailing(shards: ShardSet, ids: np.ndarray, s: np.ndarray, local: np
         e = shard.index[:, j]
         tar = np.frombuffer(shard.view, np.uint8)
         off, size = e["offset"].astype(np.int64), e["size"].astype(np.int64)
-        bad, ends = trailing_frames(tar, off, size, frame_content_sizes(tar, off, size))
+        hdr = frame_headers(tar, off)  # (gathered once: for the declared sizes and for the block walk)
+        bad, ends = trailing_frames(tar, off, size, parse_frame_headers(hdr, size), hdr)
         del tar
         if bad.size:
             raise ShardCorruptError(f"{shards.where(int(shards.starts[sh]) + int(bad[0]), name)}: {trailing_text(int(ends[0]), int(size[bad[0]]))}")
