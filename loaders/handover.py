@@ -12,6 +12,14 @@ there, and an explicit ``close()`` that joins the thread, so nothing else ever
 touches the source iterator while the thread may. The join is bounded (see
 :meth:`Handover.close`): shutting down never hangs, in whatever order the user
 stops the workers and closes the iterator.
+
+With ``shared=True`` the consumer may take an item from the source itself when
+the queue is empty, rather than wait for the thread to hand one over: both take
+items under one lock, the thread putting each in the queue before it lets go,
+so the order is the source's. For a source that is this process's own work (a
+pass planned here, not workers' batches arriving): a trainer that outruns the
+thread does the work with no hand-off latency, and one whose step gives the
+thread time finds the items ready.
 """
 
 from __future__ import annotations
@@ -35,11 +43,14 @@ class _Raised:
 class Handover:
     """Iterate ``source`` on a thread, applying ``prepare`` to each item, ``depth`` items ahead."""
 
-    def __init__(self, source: Iterator[Any], prepare: Callable[[Any], Any], depth: int = 2):
+    def __init__(self, source: Iterator[Any], prepare: Callable[[Any], Any], depth: int = 2, shared: bool = False):
         self._source = source
         self._prepare = prepare
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
+        self._lock = threading.Lock() if shared else None
+        self._space = threading.Semaphore(max(1, depth))  # (shared) free places in the queue: the thread waits for one before it takes an item
+        self._ended = False  # (shared) the source is exhausted or raised: nothing more to take from it
         self._thread = threading.Thread(target=self._run, name="cachebuild-handover", daemon=True)
         self._thread.start()
 
@@ -53,6 +64,8 @@ class Handover:
         return False
 
     def _run(self) -> None:
+        if self._lock is not None:
+            return self._run_shared(self._lock)
         try:
             for item in self._source:
                 if not self._put(self._prepare(item)):
@@ -61,14 +74,58 @@ class Handover:
         except BaseException as exc:  # carried to the consumer, re-raised there
             self._put(_Raised(exc))
 
+    def _take(self) -> Any:
+        """The next item of the source, prepared (the caller holds the lock); ``_DONE`` or ``_Raised`` at its end."""
+        if self._ended:
+            return _DONE
+        try:
+            return self._prepare(next(self._source))
+        except StopIteration:
+            self._ended = True
+            return _DONE
+        except BaseException as exc:  # carried to the consumer, re-raised there
+            self._ended = True
+            return _Raised(exc)
+
+    def _run_shared(self, lock: threading.Lock) -> None:
+        while not self._stop.is_set():
+            if not self._space.acquire(timeout=0.1):  # never wait for room while holding the lock
+                continue
+            with lock:  # put before letting go: an item the consumer takes itself comes after it
+                if self._ended:
+                    return
+                item = self._take()
+                self._queue.put_nowait(item)  # (room was reserved; only this thread puts)
+                if item is _DONE or isinstance(item, _Raised):
+                    return
+
     def __iter__(self) -> Iterator[Any]:
         while True:
-            item = self._queue.get()
+            item = self._next()
             if item is _DONE:
                 return
             if isinstance(item, _Raised):
                 raise item.exc
             yield item
+
+    def _next(self) -> Any:
+        if self._lock is None:
+            return self._queue.get()
+        item = self._ready()
+        if item is not None:
+            return item
+        with self._lock:  # the thread is not mid-item now: what it took is in the queue
+            item = self._ready()
+            return self._take() if item is None else item
+
+    def _ready(self) -> Any:
+        """(shared) An item the thread put in the queue, or None."""
+        try:
+            item = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        self._space.release()
+        return item
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Stop the thread and wait for it to let go of the source; True when it did.

@@ -126,7 +126,7 @@ class StreamLoader(DataLoader[Any]):
         here = self._planned_here()
         depth = self.num_workers * (self.prefetch_factor or 2) if here else self.handover  # planned here: what workers would prefetch
         prepare = _pinned_unpack if here and self.pin_memory and torch.cuda.is_available() else PackedBatch.unpack
-        ahead = Handover(it, prepare, depth) if self.handover > 0 and self.num_workers > 0 else None
+        ahead = Handover(it, prepare, depth, shared=here) if self.handover > 0 and self.num_workers > 0 else None
         self._ahead = ahead
         try:
             # unpack: copied out of the worker's slot (already done when pinned); on the
