@@ -97,7 +97,7 @@ def limits(source: CausalSource, level: int, sample: int, codecs: tuple[str, ...
     compress = (lambda: batch(payloads)) if batch else (lambda: [cctx.compress(p) for p in payloads])
     comp = min(_cpu(compress)[1] for _ in range(2))
     block = os.urandom(64 << 20)
-    writers = {}
+    writers: dict[str, float] = {}
     for codec in codecs if out is not None else ():
         w = writer_cpu(records, list(source.fields()), codec, level, out)
         writers |= {f"writer_{codec}_us": w["us"], f"writer_{codec}_stored": w["stored"]}
