@@ -41,3 +41,24 @@ def test_bench_stages_of_an_unpooled_view_unchanged(zstd_mel: Path) -> None:
     stream = ShardStream(zstd_mel, view="mel", batch_size=256, shuffle=False)
     got = stage_times(stream, sample=4)
     assert got["read"] > 0 and got["decompress"] > 0, got
+
+
+@pytest.mark.timeout(120)
+def test_build_into_s3_leaves_no_staging_folder(tmp_path, monkeypatch) -> None:
+    """A build to ``s3://`` staged each shard in ``$TMPDIR/cachebuild-staging/<digest>/`` and left that
+    folder (empty) behind after every build; it is removed when the build is done (the parent too when empty)."""
+    import tempfile
+
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from conftest import build_toy
+    from remote_fixtures import moto_s3
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    with moto_s3("audit") as (fs, options):
+        summary = build_toy("s3://audit/toy", records=60, workers=1, storage_options=options)
+        assert summary.built == summary.shards > 1
+        assert "manifest.json" in [p.rsplit("/", 1)[-1] for p in fs.ls("audit/toy")]
+    assert list(tmp.iterdir()) == []

@@ -45,6 +45,9 @@ class LocalOutput:
     def publish(self, names: list[str]) -> None:
         """Files written into ``staging()`` are already in place."""
 
+    def close_staging(self) -> None:
+        """Nothing to remove: ``staging()`` is the cache folder itself."""
+
     def names(self) -> list[str]:
         return sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
 
@@ -147,6 +150,15 @@ class RemoteOutput:
     def staging(self) -> Path:
         self._staging.mkdir(parents=True, exist_ok=True)
         return self._staging
+
+    def close_staging(self) -> None:
+        """Remove this node's staging folder, and ``cachebuild-staging`` above it, where empty (the build is
+        done: every shard uploaded). A folder still holding files (another build's, a killed worker's) stays."""
+        for folder in (self._staging, self._staging.parent):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or not there
+                return
 
     def publish(self, names: list[str]) -> None:
         try:
