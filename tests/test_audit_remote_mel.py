@@ -1,5 +1,12 @@
 """Acceptance audit of issues 4, 5 and 6 (seventeenth session): what it found, as tests.
 
+Builds on a running Dask cluster whose workers were started in another folder: a relative
+``--out`` (the README's ``--out cache/mel``), ``--from-wav DIR`` or ``--from-h5 FILE`` reached
+the workers as relative paths, so they failed ("cannot write cache/shard-00000.tar: No such file
+or directory", "leaks.h5: no such file") or, had that relative path existed in the worker's
+folder, read or written the wrong place. Sources and outputs sent to workers now carry absolute
+paths (the manifest and the messages of the build's own process keep the user's spelling).
+
 `cachebuild bench`'s per-stage times of a view that decodes whole pools (`mel`, `twins`):
 the whole pool was decoded in the untimed warm-up batch, so on a cache of one pool (a mel
 cache of up to 6,553 files at the default ``mix="auto"``) every sampled batch read and
@@ -8,8 +15,11 @@ decompressed nothing and the table said ``read 0`` and ``decompress 0`` on a zst
 
 from __future__ import annotations
 
+import os
+import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from loaders import ShardStream
@@ -62,3 +72,36 @@ def test_build_into_s3_leaves_no_staging_folder(tmp_path, monkeypatch) -> None:
         assert summary.built == summary.shards > 1
         assert "manifest.json" in [p.rsplit("/", 1)[-1] for p in fs.ls("audit/toy")]
     assert list(tmp.iterdir()) == []
+
+
+def _write_wav(path: Path, samples: np.ndarray, rate: int = 4096) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((samples * 20000).astype("<i2").tobytes())
+
+
+@pytest.mark.timeout(180)
+def test_relative_paths_on_a_dask_cluster_started_elsewhere(tmp_path, monkeypatch) -> None:
+    """A running Dask cluster whose workers' working folder is not the build's: relative --from-wav and --out."""
+    distributed = pytest.importorskip("distributed")
+    from cachebuild.jobs import run_mel_build
+
+    here, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rng = np.random.default_rng(0)
+    for label in ("LEAK", "NOLEAK"):
+        for i in range(2):
+            _write_wav(here / "wav" / label / f"{i}.wav", rng.uniform(-1, 1, 4096 * 10))
+    monkeypatch.chdir(elsewhere)  # the cluster's workers start here
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0") as cluster:
+        monkeypatch.chdir(here)
+        summary = run_mel_build(None, [], {}, "cache", from_wav="wav", workers=1, backend="dask", address=cluster.scheduler_address, progress=False)
+    assert summary.records == 4
+    assert (here / "cache" / "manifest.json").is_file()
+    assert os.listdir(elsewhere) == []
+    run_mel_build(None, [], {}, here / "local", from_wav=here / "wav", workers=1, progress=False)
+    for name in ("shard-00000.tar", "shard-00000.idx.npy"):
+        assert (here / "cache" / name).read_bytes() == (here / "local" / name).read_bytes()

@@ -39,6 +39,12 @@ class LocalOutput:
         self.path = Path(path)
         self.location = str(self.path)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a worker gets: the absolute path (a running Dask or Ray cluster's workers have their own
+        working folders, where a relative ``--out`` named another folder or none)."""
+        path = self.path.absolute()
+        return {"path": path, "location": str(path)}
+
     def staging(self) -> Path:
         return self.path
 

@@ -126,8 +126,11 @@ class H5Source:
 
     # -- pickling and lazy opening
     def __getstate__(self) -> dict[str, Any]:
+        """What a worker gets: no open file, and the absolute path (a running Dask or Ray cluster's workers have
+        their own working folders; records name the file by its base name, so they do not change)."""
         state = self.__dict__.copy()
         state["_file"], state["_pid"] = None, None
+        state["path"] = os.path.abspath(self.path)
         return state
 
     def _h5(self) -> Any:
