@@ -53,6 +53,7 @@ def test_bench_stages_of_an_unpooled_view_unchanged(zstd_mel: Path) -> None:
     assert got["read"] > 0 and got["decompress"] > 0, got
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_build_into_s3_leaves_no_staging_folder(tmp_path, monkeypatch) -> None:
     """A build to ``s3://`` staged each shard in ``$TMPDIR/cachebuild-staging/<digest>/`` and left that
@@ -83,6 +84,7 @@ def _write_wav(path: Path, samples: np.ndarray, rate: int = 4096) -> None:
         w.writeframes((samples * 20000).astype("<i2").tobytes())
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(180)
 def test_relative_paths_on_a_dask_cluster_started_elsewhere(tmp_path, monkeypatch) -> None:
     """A running Dask cluster whose workers' working folder is not the build's: relative --from-wav and --out."""
