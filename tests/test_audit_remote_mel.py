@@ -107,3 +107,28 @@ def test_relative_paths_on_a_dask_cluster_started_elsewhere(tmp_path, monkeypatc
     run_mel_build(None, [], {}, here / "local", from_wav=here / "wav", workers=1, progress=False)
     for name in ("shard-00000.tar", "shard-00000.idx.npy"):
         assert (here / "cache" / name).read_bytes() == (here / "local" / name).read_bytes()
+
+
+def test_stored_float32_mels_cast_to_float16_are_named(tmp_path) -> None:
+    """The README says stored mels are "copied as they are"; a float32 ``segments_mel`` was rounded to the
+    config's float16 without a word. Now a warning names the file, the dataset, both dtypes and the flag;
+    with ``--set dtype=float32`` the values are kept exactly, with no warning."""
+    import warnings
+
+    h5py = pytest.importorskip("h5py")
+    from cachebuild.jobs import run_mel_build
+    from cachebuild.mel.h5 import StoredMelWarning
+
+    mel = np.random.default_rng(0).normal(-40, 10, (3, 40, 2, 64, 1)).astype(np.float32)
+    path = tmp_path / "f32.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("labels", data=np.array([0, 1, 0], dtype=np.int16))
+        f.create_dataset("segments_mel", data=mel)
+    with pytest.warns(StoredMelWarning, match=r"f32\.h5: dataset 'segments_mel' is float32, stored as float16.*--set dtype=float32"):
+        run_mel_build(None, [], {}, tmp_path / "c16", from_h5=path, workers=1, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_mel_build(None, ["dtype=float32"], {}, tmp_path / "c32", from_h5=path, workers=1, progress=False)
+    stream = ShardStream(tmp_path / "c32", view="mel_files", batch_size=3, shuffle=False)
+    batch = next(iter(stream))
+    assert batch["mel"].numpy().tobytes() == mel.tobytes()
