@@ -132,3 +132,40 @@ def test_stored_float32_mels_cast_to_float16_are_named(tmp_path) -> None:
     stream = ShardStream(tmp_path / "c32", view="mel_files", batch_size=3, shuffle=False)
     batch = next(iter(stream))
     assert batch["mel"].numpy().tobytes() == mel.tobytes()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_stage_space_check_counts_the_manifest_and_stamp(tmp_path) -> None:
+    """The free-space check counted one block each for the manifest and the stamp; a cache of a few dozen
+    shards has a manifest of several blocks and a stamp of ~190 bytes per file, rewritten atomically (old
+    and new at once), so a tmpfs that passed the check filled up after every shard was copied ("cannot
+    write .../manifest.json: disk full"), leaving the copies behind. Now such a target is refused before
+    anything is written, and a little more room works."""
+    import subprocess
+
+    from cachebuild.errors import OutputError
+    from cachebuild.format.manifest import read_manifest
+    from cachebuild.tools.stage import stage_cache
+
+    from conftest import build_toy
+
+    src = tmp_path / "src"
+    build_toy(src, records=300, shard_bytes=8_000)
+    m = read_manifest(src)
+    assert len(m.shards) >= 15 and (src / "manifest.json").stat().st_size > 4096
+    files = [src / e.name for e in m.shards] + [src / e.index for e in m.shards]
+    old_need = sum(-(-p.stat().st_size // 4096) * 4096 for p in files) + 2 * 4096
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for size, fits in ((old_need, False), (old_need + 64 * 1024, True)):
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True).returncode:
+            pytest.skip("cannot mount a tmpfs here")
+        try:
+            if fits:
+                assert stage_cache(src, mnt / "c", progress=False).manifest_written
+            else:
+                with pytest.raises(OutputError, match=r"not enough space to stage"):
+                    stage_cache(src, mnt / "c", progress=False)
+                assert not (mnt / "c").exists()
+        finally:
+            subprocess.run(["umount", str(mnt)], check=False)
