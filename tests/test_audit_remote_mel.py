@@ -11,6 +11,10 @@ paths (the manifest and the messages of the build's own process keep the user's 
 the whole pool was decoded in the untimed warm-up batch, so on a cache of one pool (a mel
 cache of up to 6,553 files at the default ``mix="auto"``) every sampled batch read and
 decompressed nothing and the table said ``read 0`` and ``decompress 0`` on a zstd cache.
+
+Also: a build to ``s3://`` left its empty local staging folder in ``$TMPDIR``; a float32
+``segments_mel`` was rounded to float16 without a word; ``cachebuild stage``'s free-space check
+left out most of the manifest and stamp, so a target that passed it could fill up at the end.
 """
 
 from __future__ import annotations
