@@ -5,7 +5,9 @@ Measures in one run, on the default causal recipe:
       and zstd compression alone of the exact payloads the shards store (``.npy``
       header + data, JSON text; one frame each, the writer's batch call), per graph;
       plus what the format itself costs on top (JSON encoding, sha256 of the stored
-      bytes, crc32 of raw payloads), measured, not assumed;
+      bytes, crc32 of raw payloads), measured, not assumed; and the shard writer alone
+      (``ShardWriter`` over the same records, in this process), so the writer's own work
+      (what is neither the format's floor nor the write's kernel floor) is a number;
   (b) `cachebuild generate --graphs N --codec C` as a subprocess, for each code tree
       given (``--code NAME=DIR``, e.g. main's commit in a worktree, and this checkout),
       interleaved, ``--rounds`` times: wall time and CPU time of the whole process tree;
@@ -46,6 +48,7 @@ from cachebuild.config_file import load_toml  # noqa: E402
 from cachebuild.format.codec import parse_codec  # noqa: E402
 from cachebuild.format.json_text import compact_encoder  # noqa: E402
 from cachebuild.format.npy import npy_header  # noqa: E402
+from cachebuild.format.shard_writer import ShardWriter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,8 +70,23 @@ def _rate(fn: Any, data: bytes) -> float:
     return max(len(data) / max(_cpu(lambda: fn(data))[1], 1e-9) for _ in range(3))
 
 
-def limits(source: CausalSource, level: int, sample: int) -> dict[str, float]:
-    """Single-core CPU microseconds per graph: generation, compression, JSON; bytes per graph; hash rates."""
+def writer_cpu(records: list[dict[str, Any]], fields: list[tuple[str, str]], codec: str, level: int, out: Path) -> dict[str, float]:
+    """CPU microseconds per record of one ``ShardWriter`` writing ``records`` into ``out`` (best of 2,
+    each into a new file; user and kernel) and its bytes per record."""
+    times = []
+    for _ in range(2):
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        writer = ShardWriter(out, "shard-00000.tar", fields, parse_codec(codec, level), first_record=0)
+        shard, cpu = _cpu(lambda: (writer.add_block(records), writer.close())[1])
+        times.append(cpu)
+    shutil.rmtree(out, ignore_errors=True)
+    return {"us": min(times) / len(records) * 1e6, "stored": shard.bytes / len(records)}
+
+
+def limits(source: CausalSource, level: int, sample: int, codecs: tuple[str, ...] = (), out: Path | None = None) -> dict[str, float]:
+    """Single-core CPU microseconds per graph: generation, compression, JSON; bytes per graph; hash rates;
+    and for each of ``codecs``, the shard writer alone (``writer_<codec>_us``, written under ``out``)."""
     records, gen = _cpu(lambda: [r for block in source.blocks(0, 0, 0, sample) for r in block])
     array_fields = [k for k, d in source.fields() if d != "json"]
     encode = compact_encoder()  # the writer's JSON encoder (json.dumps's text)
@@ -79,7 +97,11 @@ def limits(source: CausalSource, level: int, sample: int) -> dict[str, float]:
     compress = (lambda: batch(payloads)) if batch else (lambda: [cctx.compress(p) for p in payloads])
     comp = min(_cpu(compress)[1] for _ in range(2))
     block = os.urandom(64 << 20)
-    return {
+    writers: dict[str, float] = {}
+    for codec in codecs if out is not None else ():
+        w = writer_cpu(records, list(source.fields()), codec, level, out)
+        writers |= {f"writer_{codec}_us": w["us"], f"writer_{codec}_stored": w["stored"]}
+    return writers | {
         "gen_us": gen / sample * 1e6,
         "zstd_us": comp / sample * 1e6,
         "json_us": js / sample * 1e6,
@@ -160,6 +182,8 @@ def codec_rows(codec: str, runs: dict[str, list[dict[str, float]]], lim: dict[st
             f"{floor:.0f} us per graph ({stored / 1e3:.1f} KB stored per graph): ideal + floor = {graphs * (per_graph + floor) / 1e6 / cores:.1f} s",
         )
     )
+    if f"writer_{codec}_us" in lim:
+        rows.append(writer_row(codec, runs, lim))
     for name, rs in runs.items():
         wall = [r["wall"] for r in rs]
         cpu = statistics.median(r["cpu"] for r in rs)
@@ -176,6 +200,19 @@ def codec_rows(codec: str, runs: dict[str, list[dict[str, float]]], lim: dict[st
             ),
         ]
     return rows
+
+
+def writer_row(codec: str, runs: dict[str, list[dict[str, float]]], lim: dict[str, float]) -> tuple[str, str]:
+    """The shard writer alone (:func:`writer_cpu`) against what any writer of its bytes pays: the format's floor,
+    zstd, and the kernel's floor for writing them (per byte, from the builds' write floors of this run)."""
+    us, stored = lim[f"writer_{codec}_us"], lim[f"writer_{codec}_stored"]
+    fmt = lim["json_us"] + stored / lim["sha256_Bps"] * 1e6 + (lim["raw_bytes"] / lim["crc32_Bps"] * 1e6 if codec == "none" else 0.0)
+    zstd = lim["zstd_us"] if codec == "zstd" else 0.0
+    kernel = statistics.median(r["floor_sys"] / r["stored"] for rs in runs.values() for r in rs) * stored * 1e6
+    return (
+        f"{codec}: the shard writer alone, 1 core, this checkout: format's floor{' + zstd' if zstd else ''} + write's kernel floor + its own work",
+        f"{us:.0f} us per graph = {fmt:.0f}{f' + {zstd:.0f}' if zstd else ''} + {kernel:.0f} + {us - fmt - zstd - kernel:.0f}",
+    )
 
 
 def user_rate(sample: int) -> float:
@@ -221,7 +258,7 @@ def main() -> None:
     variants = {(n if p == "default" else f"{n} --pack {p}"): (path, p) for n, path in codes.items() for p in packs}
     table = load_toml(args.config) if args.config else {}
     source = CausalSource(parse_causal_config({k: v for k, v in table.items() if k != "build"}))
-    lim = limits(source, args.level, args.limit_sample)
+    lim = limits(source, args.level, args.limit_sample, tuple(codecs), args.out)
     runs: dict[str, dict[str, list[dict[str, float]]]] = {c: {n: [] for n in variants} for c in codecs}
     for r in range(args.rounds):
         for codec in codecs:

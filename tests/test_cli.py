@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from killed_group import kill_group
 
 from cachebuild.builder.markers import file_sha256
 from cachebuild.cli import main
@@ -158,10 +157,11 @@ def test_sigkill_mid_build_then_resume_is_byte_identical(tmp_path):
     out = tmp_path / "killed"
     proc = subprocess.Popen([*CLI, *args, "--out", str(out)], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while time.time() < deadline and not list(out.glob("*.done.json")):
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its worker processes, mid-build
-    proc.wait()
+    try:
+        while time.time() < deadline and not list(out.glob("*.done.json")):
+            time.sleep(0.02)
+    finally:  # the CLI and its worker processes, mid-build; and what loky's resource tracker, killed too, leaves in /dev/shm
+        kill_group(proc)
     done_before = len(list(out.glob("*.done.json")))
     assert not (out / "manifest.json").exists() and done_before < len(list(ref.glob("*.tar")))
     r = subprocess.run([*CLI, *args, "--out", str(out)], capture_output=True, text=True)

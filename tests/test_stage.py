@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from conftest import build_toy
 
 import cachebuild.tools.stage as stage_mod
+import cachebuild.tools.stage_space as stage_space
 from cachebuild.errors import ConfigError, ManifestError, OutputError, ShardCorruptError
 from cachebuild.format.manifest import MANIFEST_NAME, read_manifest
 from cachebuild.tools.stage import STAMP_NAME, default_dst, stage_cache, unstage_cache
@@ -78,7 +79,7 @@ def test_default_dst_is_under_dev_shm(monkeypatch, src, tmp_path):
 
 def test_free_space_refusal_monkeypatched(monkeypatch, src, tmp_path):
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(stage_mod.shutil, "disk_usage", lambda p: usage(100_000, 90_000, 10_000))
+    monkeypatch.setattr(stage_space.shutil, "disk_usage", lambda p: usage(100_000, 90_000, 10_000))
     dst = tmp_path / "small" / "causal"
     with pytest.raises(OutputError) as info:
         stage_cache(src, dst, progress=False)
@@ -93,7 +94,7 @@ def test_free_space_counts_files_already_staged(monkeypatch, src, tmp_path):
     stage_cache(src, dst, progress=False)
     (dst / MANIFEST_NAME).unlink()  # staged data present, manifest missing: only the manifest is left to write
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(stage_mod.shutil, "disk_usage", lambda p: usage(100_000, 90_000, 10_000))
+    monkeypatch.setattr(stage_space.shutil, "disk_usage", lambda p: usage(100_000, 90_000, 10_000))
     result = stage_cache(src, dst, progress=False)
     assert result.bytes_copied == 0 and result.manifest_written and (dst / MANIFEST_NAME).exists()
 

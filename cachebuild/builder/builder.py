@@ -328,6 +328,7 @@ def _make(source: RecordSource, opts: BuildOptions, out: Output, plan: list[Shar
     remove_leftovers(out)  # a worker killed mid-shard (a lost Dask or Ray worker) left its temp file; the shard was redone
     _write_final_manifest(source, opts, out, shards, fingerprint, per_shard)
     out.remove(BUILD_RECORD)
+    out.close_staging()  # a remote output's local staging folder ($TMPDIR/cachebuild-staging/<digest>), now empty
     return len(todo), shards
 
 

@@ -39,11 +39,20 @@ class LocalOutput:
         self.path = Path(path)
         self.location = str(self.path)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a worker gets: the absolute path (a running Dask or Ray cluster's workers have their own
+        working folders, where a relative ``--out`` named another folder or none)."""
+        path = self.path.absolute()
+        return {"path": path, "location": str(path)}
+
     def staging(self) -> Path:
         return self.path
 
     def publish(self, names: list[str]) -> None:
         """Files written into ``staging()`` are already in place."""
+
+    def close_staging(self) -> None:
+        """Nothing to remove: ``staging()`` is the cache folder itself."""
 
     def names(self) -> list[str]:
         return sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
@@ -147,6 +156,15 @@ class RemoteOutput:
     def staging(self) -> Path:
         self._staging.mkdir(parents=True, exist_ok=True)
         return self._staging
+
+    def close_staging(self) -> None:
+        """Remove this node's staging folder, and ``cachebuild-staging`` above it, where empty (the build is
+        done: every shard uploaded). A folder still holding files (another build's, a killed worker's) stays."""
+        for folder in (self._staging, self._staging.parent):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty, or not there
+                return
 
     def publish(self, names: list[str]) -> None:
         try:

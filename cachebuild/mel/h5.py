@@ -108,6 +108,13 @@ class H5Source:
         self.cfg = stored_config(self.requested_cfg, params, self.path)
         assert self._mel_ds is not None  # called only when the file stores mels
         check_mel_shape(self._mel_ds, tuple(f[self._mel_ds].shape), self._n, self.cfg, params, self.path)
+        stored, kept = np.dtype(f[self._mel_ds].dtype), np.dtype(self.cfg.dtype)
+        if stored.kind == "f" and stored.itemsize > kept.itemsize:  # "copied as they are" does not hold: say so
+            warnings.warn(
+                f"{self.path}: dataset '{self._mel_ds}' is {stored}, stored as {kept} (the config's dtype), which rounds its values; pass --set dtype=float32 to keep float32 precision",
+                StoredMelWarning,
+                stacklevel=4,
+            )
         diffs = config_differences(self.requested_cfg, self.cfg)
         if diffs:
             warnings.warn(
@@ -126,8 +133,11 @@ class H5Source:
 
     # -- pickling and lazy opening
     def __getstate__(self) -> dict[str, Any]:
+        """What a worker gets: no open file, and the absolute path (a running Dask or Ray cluster's workers have
+        their own working folders; records name the file by its base name, so they do not change)."""
         state = self.__dict__.copy()
         state["_file"], state["_pid"] = None, None
+        state["path"] = os.path.abspath(self.path)
         return state
 
     def _h5(self) -> Any:

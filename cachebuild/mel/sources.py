@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,14 @@ class WavFolderSource:
 
     def __len__(self) -> int:
         return len(self._files)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a worker gets: ``root`` and each file's header path absolute (a running Dask or Ray cluster's
+        workers have their own working folders; records name files relative to ``root``, so they do not change)."""
+        state = self.__dict__.copy()
+        state["root"] = self.root.absolute()
+        state["_files"] = [(rel, name, replace(info, path=os.path.abspath(info.path))) for rel, name, info in self._files]
+        return state
 
     def records(self, start: int, stop: int) -> list[dict[str, Any]]:
         """Decode files ``[start, stop)`` one by one, then one mel call for the block."""

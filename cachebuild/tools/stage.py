@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import threading
 import time
@@ -31,12 +30,12 @@ from cachebuild.format.manifest import MANIFEST_NAME, Manifest, confined_file, r
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.records import check_structure
 from cachebuild.tools.stage_dst import human, stage_lock
+from cachebuild.tools.stage_space import check_space
 
 __all__ = ["STAMP_NAME", "StageResult", "UnstageResult", "default_dst", "stage_cache", "unstage_cache"]
 
 STAMP_NAME = ".cachebuild-stage.json"
 DEFAULT_ROOT = Path("/dev/shm/cachebuild")
-_MOUNT_ADVICE = "sudo mount -t tmpfs -o size={size}G tmpfs /mnt/cache"
 _CHUNK = 8 << 20
 
 
@@ -127,9 +126,19 @@ def _read_stamp(dst: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else None
 
 
-def _write_stamp(dst: Path, src: Path, expected: set[str], files: dict[str, dict[str, Any]]) -> None:
+def _stamp_bytes(src: Path, expected: set[str], files: dict[str, dict[str, Any]]) -> bytes:
     doc = {"format": "cachebuild-stage", "version": 1, "source": str(src), "expected": sorted(expected), "files": files}
-    atomic_write_bytes(dst / STAMP_NAME, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _write_stamp(dst: Path, src: Path, expected: set[str], files: dict[str, dict[str, Any]]) -> None:
+    atomic_write_bytes(dst / STAMP_NAME, _stamp_bytes(src, expected, files))
+
+
+def _largest_stamp(src: Path, files: list[_File]) -> int:
+    """Bytes of the stamp once every file is staged (its widest form: 19-digit mtimes)."""
+    widest = {f.name: {"bytes": f.bytes, "mtime_ns": 10**19 - 1, "sha256": f.sha256} for f in files}
+    return len(_stamp_bytes(src, {f.name for f in files}, widest))
 
 
 def _check_dst(src: Path, dst: Path) -> dict[str, Any]:
@@ -157,27 +166,6 @@ def _is_current(path: Path, f: _File, entry: dict[str, Any] | None, rehash: bool
     if not rehash and entry and entry.get("sha256") == f.sha256 and entry.get("mtime_ns") == st.st_mtime_ns and entry.get("bytes") == f.bytes:
         return True
     return file_sha256(path) == f.sha256
-
-
-def _blocks(size: int, block: int) -> int:
-    return -(-size // block) * block
-
-
-def _check_space(dst: Path, todo: list[_File], freed: int) -> None:
-    """Refuse before touching anything when DST's filesystem cannot hold what is to copy."""
-    probe = dst
-    while not probe.exists():
-        probe = probe.parent
-    block = os.statvfs(probe).f_frsize or 4096
-    need = sum(_blocks(f.bytes, block) for f in todo) + 2 * block  # + manifest and stamp
-    free = shutil.disk_usage(probe).free + freed
-    if need > free:
-        size = max(1, -(-int(need * 1.1) // (1 << 30)))
-        raise OutputError(
-            f"not enough space to stage into {dst}: need {need} bytes ({human(need)}), "
-            f"{free} bytes ({human(free)}) available on its filesystem. Free space, choose another DST, "
-            f"or mount a dedicated tmpfs: `{_MOUNT_ADVICE.format(size=size)}` and stage into /mnt/cache/{dst.name}"
-        )
 
 
 def _copy_file(src: Path, dst: Path, on_bytes: Callable[[int], None], stop: threading.Event) -> None:
@@ -305,7 +293,7 @@ def _stage_locked(src: Path, dst: Path, manifest: Manifest, manifest_bytes: byte
     _check_structure(src, manifest, {f.shard for f in todo})  # before DST is written
     names = {f.name for f in files}
     stale = (set(stamp.get("expected", [])) | set(stamp["files"])) - names
-    _check_space(dst, todo, _held(dst, stale | {f.name for f in todo}))
+    check_space(dst, [f.bytes for f in todo], _held(dst, stale | {f.name for f in todo}), len(manifest_bytes), _largest_stamp(src.resolve(), files), dst / STAMP_NAME)
     _clean(dst, {MANIFEST_NAME} | stale | {f.name for f in todo})  # no manifest until all verify
     _write_stamp(dst, src.resolve(), names, entries)
     try:
