@@ -12,7 +12,7 @@ measurements. Medians are reported, with every run.
     python benchmarks/bench_decode.py --old /tmp/cachebuild-before --rounds 3
 
 ``--old`` is a checkout of the code before the change (``git archive <commit> | tar -x -C DIR``).
-``twins pool`` (``compact="pool"``, new in this tree: timed in the new tree only) counts the batches
+``twins pool`` (``compact="pool"``; timed in the new tree only when the old tree has no such mode) counts the batches
 delivered plus the consumer's pool loading (``TwinsContext.load`` per batch, on the CPU, no expand),
 with the context's default decode thread, with ``decoder="process"`` and with 2 decode processes.
 ``--only 'graphs raw'`` times only the setups a change touches (the limits are always measured;
@@ -180,6 +180,9 @@ def main() -> None:
         peer_cases += [("limit zstd (all cores)", "limit", causal["zstd"], 0, 0, {}), ("limit raw gather (all cores)", "limit", causal["none"], 0, 0, {})]
         timed = [c for c in cases if not only or c[0].startswith(tuple(only))]
         new_only = [c for c in pool_cases if not only or c[0].startswith(tuple(only))]
+        pooled = bool(new_only)
+        if (Path(args.old) / "loaders" / "twins_context.py").exists():  # the old tree has compact="pool" too: old vs new
+            timed, new_only = timed + new_only, []
         expand: list[dict] = []
         runs: dict[str, list[float]] = {}
         limits: dict[str, list[dict]] = {}
@@ -194,7 +197,7 @@ def main() -> None:
                 v = rate(measure(NEW, kind, path, w, batch, args.seconds, opts))
                 runs.setdefault(f"{label} new", []).append(v)
                 print(f"round {r} new {label} (+ context loading): {v:,.0f}/s", flush=True)
-            if new_only:
+            if pooled:
                 expand.append(measure(NEW, "expand times", causal["zstd"], 0, 4096, 0, {}))
             for label, kind, path, w, batch, opts in peer_cases:
                 d = measure(NEW, kind, path, w, batch, args.seconds, opts)
@@ -202,12 +205,12 @@ def main() -> None:
                 runs.setdefault(label, []).append(d.get("graphs_per_s_all", float("nan")) if kind == "limit" else rate(d))
                 print(f"round {r} {label}: {runs[label][-1]:,.0f}/s", flush=True)
         med = {k: statistics.median(v) for k, v in runs.items()}
-        rows = _rows(timed, runs, med) + _new_rows(new_only, runs, med, expand)
+        rows = _rows(timed, runs, med) + _new_rows(new_only, runs, med, expand) + (_expand_rows(expand) if pooled else [])
         rows.append(("batches identical, old vs new (sha256)", _digests(cases, args.old, args.digest_batches)))
         rows += _targets(med, rows_per_graph(causal["zstd"]))
         notes = [
             f"old = {args.old}, new = this tree; {'setups timed: ' + ', '.join(c[0] for c in timed + new_only) + '; ' if only else ''}{args.rounds} rounds alternating old/new, {args.seconds:.0f} s per reader after warm-up, each in a fresh process; medians (every run in brackets)",
-            "twins pool: compact='pool', timed in this tree only (the old has no such mode); its rate counts TwinsContext.load of every batch "
+            "twins pool: compact='pool' (timed in this tree only where the old has no such mode); its rate counts TwinsContext.load of every batch "
             "(the pools decoded in the consumer, ahead on one thread), on the CPU, without expand (as twins compact is timed without expand_compact); "
             "expand times: one batch, the process's default torch threads",
             f"data: {args.graphs} causal graphs (default recipe) zstd and raw, {args.mel_files} mel files raw, in {work}; graphs batch 256, twins batch 4096 rows, mel batch 8192 segments",
@@ -237,8 +240,13 @@ def _rows(cases: list, runs: dict[str, list[float]], med: dict[str, float]) -> l
 
 
 def _new_rows(cases: list, runs: dict[str, list[float]], med: dict[str, float], expand: list[dict]) -> list[tuple[str, str]]:
-    """Setups of this tree only (no old measurement), and the expand times."""
-    rows = [(f"{label} (+ context loading)", f"new {med[f'{label} new']:,.0f}/s ({', '.join(f'{v:,.0f}' for v in runs[f'{label} new'])})") for label, *_ in cases]
+    """Setups of this tree only (no old measurement)."""
+    return [(f"{label} (+ context loading)", f"new {med[f'{label} new']:,.0f}/s ({', '.join(f'{v:,.0f}' for v in runs[f'{label} new'])})") for label, *_ in cases]
+
+
+def _expand_rows(expand: list[dict]) -> list[tuple[str, str]]:
+    """The expand times of this tree."""
+    rows = []
     ok = [e for e in expand if e]
     if ok:
         p, c = (statistics.median(e[k] for e in ok) * 1e3 for k in ("pool_expand_s", "compact_expand_s"))

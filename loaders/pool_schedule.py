@@ -26,7 +26,13 @@ import numpy as np
 
 from loaders.plan import EpochPlan
 
-__all__ = ["batch_pools", "upcoming_pools", "next_use", "pick_region", "Key"]
+__all__ = ["batch_pools", "upcoming_pools", "next_use", "pick_region", "Key", "REGIONS_AHEAD"]
+
+REGIONS_AHEAD = 2
+"""Regions a consumer holds beyond the ``pool_span`` pools a batch may touch: room for two pools decoded
+ahead. With one, the decode of pool ``k + 2`` could start only once the batches had left pool ``k``: the
+decode thread sat idle 13-17% of a free-running epoch while the loop still waited at pool boundaries
+(docs/DECISIONS.md, "Two pools decoded ahead")."""
 
 Key = tuple[int, int]  # (plan fingerprint, pool)
 

@@ -8,8 +8,8 @@ holds the context instead, in this object:
 
 * **What it holds**: the decoded, padded graphs (``base``, ``int``, ``adj``,
   ``targets``, ``values``, ``n``, record ids; ``delta`` when it is read) of the
-  pools the current batch touches (at most ``pool_span``, usually 2) and one
-  decoded ahead, in ``pool_span + 1`` *regions* of ``pool_size`` graphs
+  pools the current batch touches (at most ``pool_span``, usually 2) and up to
+  two decoded ahead, in ``pool_span + 2`` *regions* of ``pool_size`` graphs
   (``max_held`` counts them), decoded in place into host regions (pinned for a
   CUDA device, then copied there; a region's next decode waits for that copy).
 * **How it gets them**: from the batch's ``plan`` and the stream's own plan of
@@ -53,9 +53,9 @@ from loaders.plan import EpochPlan
 from loaders.stream import ShardStream
 from loaders.pool_decoder import DECODERS, Pending, ProcessDecoder, ThreadDecoder
 from loaders.pool_schedule import Key as _Key
-from loaders.pool_schedule import batch_pools, next_use, pick_region, upcoming_pools
+from loaders.pool_schedule import REGIONS_AHEAD, batch_pools, next_use, pick_region, upcoming_pools
 
-__all__ = ["TwinsContext", "batch_pools"]
+__all__ = ["TwinsContext", "batch_pools", "REGIONS_AHEAD"]
 
 
 def _stream_of(source: Any) -> ShardStream:
@@ -171,8 +171,8 @@ class TwinsContext:
             )
         need = batch_pools(plan, b)
         pools = len(plan.pool_items) - 1 if plan.pool_items is not None else 0
-        if (plan.pool_size, plan.pool_span + 1) != (self._size, len(self._held)):
-            self._allocate(plan.pool_size, plan.pool_span + 1)
+        if (plan.pool_size, plan.pool_span + REGIONS_AHEAD) != (self._size, len(self._held)):
+            self._allocate(plan.pool_size, plan.pool_span + REGIONS_AHEAD)
         if self._lut_plan != fingerprint:  # a new epoch (or generation): its own pools (one may be decoded already)
             self._new_table(fingerprint, pools)
         if self._last[0] == fingerprint and b > self._last[1]:
@@ -293,7 +293,7 @@ class TwinsContext:
 
     def _submit(self, plan: EpochPlan, q: int, keep: set[_Key], order: list[_Key]) -> None:
         """Decode pool ``q`` of ``plan`` in the background (after the decode under way, one at a time), into a
-        region no pool of ``keep`` (the batch's) is in: ``pool_span + 1`` regions always have one (a batch
+        region no pool of ``keep`` (the batch's) is in: ``pool_span + REGIONS_AHEAD`` regions always have one (a batch
         touches at most ``pool_span`` pools). The region holds ``q`` only once its decode is under way (a
         decode that could not start leaves it empty, never a pool that looks decoded)."""
         self._drain()

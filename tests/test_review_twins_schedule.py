@@ -1,7 +1,7 @@
 """Review of the pool decode order of :class:`loaders.TwinsContext` (``loaders/pool_schedule.py``).
 
 Every case checks the invariant (``ctx.expand(pool batch)`` equals the default ``twins`` batch bit for
-bit, at most ``pool_span + 1`` pools held) and, where the pools are at least one consumer step long, that
+bit, at most ``pool_span + REGIONS_AHEAD`` pools held) and, where the pools are at least one consumer step long, that
 no batch after a pass's first finds a pool it needs neither held nor being decoded ahead: DDP ranks
 reading every other (third) batch, their padding batches, epoch jumps, passes cut short, resumes, odd
 cache sizes, mixtures, a grown cache; and the failures: a decode process killed, more decode processes
@@ -23,6 +23,7 @@ from cachebuild.format import read_manifest
 from loader_fixtures import build_causal, causal_cache, free_port, spawn_ranks  # noqa: F401
 from loaders import Mixture, ShardStream, TwinsContext, make_loader
 from loaders.pool_schedule import batch_pools, upcoming_pools
+from loaders.twins_context import REGIONS_AHEAD
 from mixture_fixtures import levels  # noqa: F401
 from test_twins_pool import _same
 from twins_schedule_run import schedule_rank_main
@@ -37,7 +38,7 @@ def _missing(ctx: TwinsContext, plan, b: int) -> list[int]:
 
 
 def _consume(pool: ShardStream, full: ShardStream, ctx: TwinsContext, seq: list, firsts: set = frozenset()) -> list:
-    """Expand each ``(epoch, batch)`` of ``seq``, bit for bit the default view's, within ``pool_span + 1``
+    """Expand each ``(epoch, batch)`` of ``seq``, bit for bit the default view's, within ``pool_span + REGIONS_AHEAD``
     pools; returns the batches (but the first and ``firsts``, the first of a pass) that waited for a decode."""
     waited = []
     for i, (e, b) in enumerate(seq):
@@ -45,7 +46,7 @@ def _consume(pool: ShardStream, full: ShardStream, ctx: TwinsContext, seq: list,
         if i and (e, b) not in firsts and _missing(ctx, plan, b):
             waited.append((e, b, _missing(ctx, plan, b)))
         assert _same(ctx.expand(pool.batch(b, e)), full.batch(b, e)), (e, b)
-        assert ctx.max_held <= plan.pool_span + 1
+        assert ctx.max_held <= plan.pool_span + REGIONS_AHEAD
     return waited
 
 
@@ -90,7 +91,7 @@ def test_gloo_ranks_find_every_pool_decoded_ahead_after_their_first_batch(causal
     results = spawn_ranks(schedule_rank_main, (2, free_port(), str(causal_cache), str(tmp_path), KW), 2, tmp_path, 120)
     for res in results:
         assert all(same for _, _, same in res["batches"]), [x for x in res["batches"] if not x[2]][:3]
-        assert res["waited"] == [] and res["max_held"] <= res["pool_span"] + 1
+        assert res["waited"] == [] and res["max_held"] <= res["pool_span"] + REGIONS_AHEAD
         assert len(res["batches"]) == 2 * -(-ShardStream(causal_cache, compact="pool", **KW).plan(0).batches // 2)
 
 
@@ -124,7 +125,7 @@ def test_epoch_jumps_a_pass_cut_short_and_a_resume_through_the_loader(causal_cac
                 if i and _missing(ctx, pool.plan(e), b):
                     waited.append((e, b))
                 assert _same(ctx.expand(batch), full.batch(b, e)), (e, b)
-                assert ctx.max_held <= pool.plan(e).pool_span + 1
+                assert ctx.max_held <= pool.plan(e).pool_span + REGIONS_AHEAD
                 read.append((e, b))
                 if i + 1 == cut:
                     break
