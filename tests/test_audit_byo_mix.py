@@ -97,3 +97,14 @@ def test_lightning_trains_a_grown_generation_whole(tmp_path: Path) -> None:
     seen = _fit(StreamDataModule(lambda: ShardStream(str(root), view="records", batch_size=16, seed=0)), epochs=2, callbacks=[Append()])
     assert sorted(seen[0]) == list(range(120))
     assert sorted(seen[1]) == list(range(320)), f"epoch 1 trained {len(seen[1])} of 320 records"
+
+
+def test_a_stream_with_the_epoch_length_hook_still_pickles(levels: dict[str, str]) -> None:  # noqa: F811
+    """The hook is process-local: a pickled stream (spawned workers, ranks) leaves it behind."""
+    import pickle
+
+    dm = StreamDataModule(lambda: ShardStream(levels["small"], view="graphs", batch_size=16, seed=0))
+    stream = dm.train_dataloader().stream
+    copy = pickle.loads(pickle.dumps(stream))
+    assert "begin_pass" in vars(stream) and "begin_pass" not in vars(copy)
+    assert len(copy) == len(stream)
