@@ -88,7 +88,7 @@ class Segments:
         (:meth:`_windows`), and ``np.copyto(..., where=mask)`` keeps only the record's own. The mask is
         made here from the records' own lengths, so it cannot disagree with the data. (The element
         gather this replaces built a per-element index, gathered and wrote through the mask: 122 vs
-        67 us for 256 sequences of 50-500 int32; docs/DECISIONS.md, "tokens read path".)"""
+        67 us for 256 sequences of 50-500 int32; docs/DECISIONS.md, "Small records, the tokens read path".)"""
         where = np.empty(int(self.rows.max()) + 1 if len(self.rows) else 0, np.int64)
         where[self.rows] = np.arange(len(self.rows))
         pick = where[slot]
