@@ -26,6 +26,12 @@ stored frames on all cores, or the plain gather of a raw cache).
     python benchmarks/bench_small.py                         # today's layout
     python benchmarks/bench_small.py --packs 1,64            # one cache per build.pack value, same rounds
     python benchmarks/bench_small.py --set build.level=3 --label level3
+    python benchmarks/bench_small.py --old /tmp/before --datasets tokens   # A/B: our reader, this tree vs another
+
+With ``--old DIR`` (a checkout of the code before a change: ``git worktree add DIR <commit>``), our
+reader runs in a fresh process per measurement, this tree's code and ``DIR``'s alternately in every
+round (same caches, built by this tree), and the table adds new / old per case: the median of the
+per-round ratios (each round's pair ran back to back) and the load average at each round's start.
 
 Appends a table to benchmarks/RESULTS.md (not in quick mode, ``BENCH_QUICK=1``).
 """
@@ -33,9 +39,11 @@ Appends a table to benchmarks/RESULTS.md (not in quick mode, ``BENCH_QUICK=1``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -53,6 +61,18 @@ from cachebuild.format import read_manifest  # noqa: E402
 from loaders import ShardStream, make_loader  # noqa: E402
 
 CODECS = ("zstd", "none")
+HERE = Path(__file__).resolve().parent
+OLD = " old"
+"""Suffix of a case measured with ``--old``'s code (its partner without it: this tree's, in a fresh process too)."""
+
+_CHILD = r"""
+import json, os, sys
+from pathlib import Path
+import bench_small
+d = bench_small.ours_rate(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
+print("RESULT " + json.dumps(d), flush=True)
+os._exit(0)  # (skip interpreter shutdown after the workers were stopped, as bench_decode's children do)
+"""
 
 
 @dataclass
@@ -136,6 +156,29 @@ def ours_rate(cache: Path, workers: int, batch: int, limit_s: float, per_record:
     return {"samples_per_s": m["items_per_s"], "payload_mb_per_s": m["mb_per_s"], "first_batch_s": m["first_batch_s"], "epochs_restarted": m["epochs_restarted"]}
 
 
+def ours_rate_in(tree: Path, cache: Path, workers: int, batch: int, limit_s: float, per_record: float) -> dict:
+    """:func:`ours_rate` in a fresh process that imports cachebuild and loaders from ``tree`` ({} if it failed)."""
+    env = dict(os.environ, PYTHONPATH=f"{tree}:{HERE}")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(cache), str(workers), str(batch), str(limit_s), str(per_record)],
+            env=env,
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=limit_s + 120,
+        )
+    except subprocess.TimeoutExpired:
+        print(f"  {cache.name} w{workers} in {tree}: no result in {limit_s + 120:.0f} s", flush=True)
+        return {}
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not line:
+        print(f"  {cache.name} w{workers} in {tree} failed:\n{out.stderr[-2000:]}", flush=True)
+        return {}
+    return dict(json.loads(line[-1][7:]))
+
+
 def rate_of(d: dict) -> float:
     """The samples/s of a peer's or our result (LitData names its unit after the data)."""
     for key in ("samples_per_s", "graphs_per_s", "graphs_per_s_all"):
@@ -148,8 +191,9 @@ Case = tuple[str, Callable[[float], dict]]
 """A reader to measure: its name and a function of the seconds to measure it for."""
 
 
-def run_rounds(cases: list[Case], rounds: int, seconds: float) -> dict[str, list[float]]:
-    """Every case once per round, the order reversed every other round; samples/s per case and round.
+def run_rounds(cases: list[Case], rounds: int, seconds: float, loads: list[float] | None = None) -> dict[str, list[float]]:
+    """Every case once per round, the order reversed every other round; samples/s per case and round
+    (``loads``, when given, gets the 1-minute load average at each round's start).
 
     First, one short unrecorded run of our reader and of LitData's, so that no
     recorded case pays the process's one-time costs (first DataLoader, first
@@ -161,6 +205,8 @@ def run_rounds(cases: list[Case], rounds: int, seconds: float) -> dict[str, list
             warm(min(seconds, 0.5))
     runs: dict[str, list[float]] = {}
     for r in range(rounds):
+        if loads is not None:
+            loads.append(os.getloadavg()[0])
         for name, fn in cases if r % 2 == 0 else cases[::-1]:
             v = rate_of(fn(seconds))
             runs.setdefault(name, []).append(v)
@@ -222,7 +268,7 @@ def speed_rows(cfgs: list[Config], runs: dict[str, list[float]], datasets: list[
     """Medians of every case, then ours / LitData: at the same workers (LitData's default decoding),
     and best of ours / best of LitData (any workers, ``batch_decode`` auto or False)."""
     rows = [(f"read {name}", _fmt_runs(v)) for name, v in runs.items()]
-    med = {k: statistics.median(v) for k, v in runs.items()}
+    med = {k: statistics.median(v) for k, v in runs.items() if not k.endswith(OLD)}
     for ds in datasets:
         if any(f"{ds} litdata zstd w{w}" not in med for w in workers):
             continue
@@ -237,6 +283,24 @@ def speed_rows(cfgs: list[Config], runs: dict[str, list[float]], datasets: list[
                 best = max(ours.values()) / lit_best
                 target = " (target >= 3x)" if codec == "zstd" else ""
                 rows.append((f"speed {ds}: ours {cfg.label} {codec} / LitData zstd", f"{per_w}; best / best {best:.2f}x{target}"))
+    return rows
+
+
+def ab_rows(runs: dict[str, list[float]]) -> list[tuple[str, str]]:
+    """``--old``: this tree / the old tree per case, the median of per-round ratios (each round's two runs were neighbours)."""
+    rows = []
+    for name, old in runs.items():
+        if not name.endswith(OLD) or name[: -len(OLD)] not in runs:
+            continue
+        new = runs[name[: -len(OLD)]]
+        ratios = [n / o for n, o in zip(new, old) if o > 0]
+        if ratios:
+            rows.append(
+                (
+                    f"A/B {name[: -len(OLD)]}: new / old",
+                    f"{statistics.median(ratios):.2f}x (rounds {', '.join(f'{x:.2f}' for x in ratios)}; new {statistics.median(new):,.0f}, old {statistics.median(old):,.0f} samples/s)",
+                )
+            )
     return rows
 
 
@@ -255,15 +319,17 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--shard-mb", type=float, default=64, help="our build.shard_mb (LitData's chunk_bytes is 64MB)")
     ap.add_argument("--limit-records", type=int, default=20_000, help="records per cache for the decompression limit")
     ap.add_argument("--root", type=Path, default=Path("/dev/shm/cachebuild-bench-small"))
+    ap.add_argument("--old", type=Path, default=None, help="checkout of the code before a change: our reader A/B, this tree vs that one, in fresh processes")
     ap.add_argument("--skip-litdata", action="store_true")
     ap.add_argument("--litdata-per-sample", action=argparse.BooleanOptionalAction, default=True, help="also LitData with workers and batch_decode=False")
     quick_defaults(ap, records=600, rounds=1, seconds=0.3, limit_records=300, root=Path("/dev/shm/cachebuild-bench-small-quick"))
     return ap.parse_args()
 
 
-def _cases(cfgs: list[Config], lit: dict[str, Path], payload: dict, datasets: list[str], workers: list[int], batch: int, per_sample: bool) -> list[Case]:
+def _cases(cfgs: list[Config], lit: dict[str, Path], payload: dict, datasets: list[str], workers: list[int], batch: int, per_sample: bool, old: Path | None = None) -> list[Case]:
     """Our reader on every cache and LitData on every dataset, at each worker count, grouped by dataset;
-    with ``per_sample``, LitData with workers also with ``batch_decode=False`` (no window re-decoding)."""
+    with ``per_sample``, LitData with workers also with ``batch_decode=False`` (no window re-decoding);
+    with ``old``, our reader in fresh processes, this tree's and ``old``'s next to each other."""
     cases: list[Case] = []
     for ds in datasets:
         for w in workers:
@@ -271,7 +337,12 @@ def _cases(cfgs: list[Config], lit: dict[str, Path], payload: dict, datasets: li
                 for (d, codec), cache in cfg.caches.items():
                     if d == ds:
                         n, p = payload[(cfg.label, ds, codec)]
-                        cases.append((f"{ds} {cfg.label} {codec} w{w}", lambda s, c=cache, w=w, per=p / n: ours_rate(c, w, batch, s, per)))
+                        name = f"{ds} {cfg.label} {codec} w{w}"
+                        if old is None:
+                            cases.append((name, lambda s, c=cache, w=w, per=p / n: ours_rate(c, w, batch, s, per)))
+                            continue
+                        for tree, suffix in ((HERE.parent, ""), (old, OLD)):
+                            cases.append((name + suffix, lambda s, t=tree, c=cache, w=w, per=p / n: ours_rate_in(t, c, w, batch, s, per)))
             if ds in lit:
                 cases.append((f"{ds} litdata zstd w{w}", lambda s, o=lit[ds], w=w: peers.litdata_rate(o, w, batch, s)))
                 if per_sample and w > 0:
@@ -287,6 +358,8 @@ def main() -> None:
     bad = sorted(set(datasets) - set(small_data.DATASETS)) + sorted(set(codecs) - set(CODECS))
     if bad:
         raise SystemExit(f"error: unknown dataset or codec {bad[0]!r} (datasets: {', '.join(small_data.DATASETS)}; codecs: {', '.join(CODECS)})")
+    if args.old is not None and not all((args.old / pkg / "__init__.py").is_file() for pkg in ("cachebuild", "loaders")):
+        raise SystemExit(f"error: --old {args.old}: not a checkout of this project (no cachebuild/ and loaders/ packages there)")
     shutil.rmtree(args.root, ignore_errors=True)
     try:
         _run(args, datasets, codecs, workers, t0, load0)
@@ -308,9 +381,10 @@ def _run(args: argparse.Namespace, datasets: list[str], codecs: list[str], worke
     lit = {} if args.skip_litdata else litdata_sets(datasets, cfgs[0], args.root) if "zstd" in codecs else {}
     lit_payload = {ds: payload[(cfgs[0].label, ds, "zstd")][1] for ds in lit}
     t_build = time.time() - t0
-    runs = run_rounds(_cases(cfgs, lit, payload, datasets, workers, args.batch, args.litdata_per_sample), args.rounds, args.seconds)
+    loads: list[float] = []
+    runs = run_rounds(_cases(cfgs, lit, payload, datasets, workers, args.batch, args.litdata_per_sample, args.old), args.rounds, args.seconds, loads)
     lim = limits(cfgs, os.cpu_count() or 1, args.limit_records)
-    rows = storage_rows(cfgs, datasets, payload, lit, lit_payload) + speed_rows(cfgs, runs, datasets, workers)
+    rows = storage_rows(cfgs, datasets, payload, lit, lit_payload) + speed_rows(cfgs, runs, datasets, workers) + ab_rows(runs)
     rows += [(f"limit {k}", v) for k, v in lim.items()]
     skipped = [c.label for c in all_cfgs if c not in cfgs]
     notes = [
@@ -323,6 +397,8 @@ def _run(args: argparse.Namespace, datasets: list[str], codecs: list[str], worke
         *[f"{c.label}: {c.note}" for c in cfgs if c.note],
         *[f"{s}: skipped, build.pack is not accepted by this code" for s in skipped],
         f"--set {' '.join(args.sets)}" if args.sets else "no --set overrides",
+        *([f"--old {args.old}: our reader in a fresh process per run, this tree (no suffix) and the old tree ('old') alternately; A/B = median of per-round new/old ratios"] if args.old else []),
+        f"load average (1 min) at each round's start: {', '.join(f'{x:.1f}' for x in loads)}",
         f"total {time.time() - t0:.0f} s ({t_build:.0f} s building); load average at start {tuple(round(x, 2) for x in load0)}, "
         f"at end {tuple(round(x, 2) for x in os.getloadavg())} ({os.cpu_count()} cores shared with other processes)",
     ]

@@ -73,6 +73,7 @@ class StreamDataModule(pl.LightningDataModule):
             stream = self._train if isinstance(self._train, ShardStream) else self._train()  # a stream already made: its rank and world are read when iterated
             self.train_loader = make_loader(stream, **self.loader_kwargs)
             self._guard(self.train_loader)
+            self._follow_epoch_length(self.train_loader)
         if self._pending is not None:
             self._apply(self.train_loader, self._pending)
             self._pending = None
@@ -112,6 +113,51 @@ class StreamDataModule(pl.LightningDataModule):
                 loader.set_epoch(int(done["epoch"]) + 1)
 
         loader.load_state_dict = load_state_dict  # type: ignore[method-assign]
+
+    def _follow_epoch_length(self, loader: StreamLoader) -> None:
+        """Tell Lightning each epoch's own number of batches when its pass begins.
+
+        Lightning reads ``len(loader)`` once, when it sets the loader up, and ends every epoch
+        after that many batches. An epoch of a ``Mixture`` schedule, or of a cache that grew a
+        generation, can hold more: Lightning cut it there, and the rest of the epoch was never
+        trained on (the next pass starts the next epoch). Each pass now sets the fit loop's count
+        (``trainer.num_training_batches``, after ``limit_train_batches``) to the epoch it runs.
+        """
+        stream = loader.stream
+        begin = stream.begin_pass
+
+        def begin_pass() -> Any:
+            world = begin()
+            trainer = getattr(self, "trainer", None)
+            if trainer is not None and getattr(trainer, "training", False):
+                _set_epoch_length(trainer, loader)
+            return world
+
+        stream.begin_pass = begin_pass  # type: ignore[method-assign]
+
+
+def _set_epoch_length(trainer: Any, loader: StreamLoader) -> None:
+    """Set the fit loop's batch counts to ``loader``'s epoch: its limit in the combined loader
+    (which Lightning's data fetcher reads right after this pass begins) and ``num_training_batches``."""
+    loop = trainer.fit_loop
+    combined = getattr(loop, "_combined_loader", None)
+    batches = _limited(len(loader), trainer.limit_train_batches)
+    if combined is None or combined.limits is None:
+        loop.max_batches = batches
+        return
+    for i, dl in enumerate(combined.flattened):
+        if dl is loader:
+            combined.limits[i] = batches  # in place: the iterator of this pass holds the same list
+    loop.max_batches = max(combined.limits)  # (each limit is already at most its loader's length)
+
+
+def _limited(batches: int, limit: int | float | None) -> int | float:
+    """``batches`` after Lightning's ``limit_train_batches`` (an int caps, a float is a fraction)."""
+    if limit is None or batches == 0:
+        return batches
+    if isinstance(limit, int):
+        return min(batches, limit)
+    return int(batches * limit)
 
 
 def _epoch_done(trainer: Any) -> bool:

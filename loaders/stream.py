@@ -172,7 +172,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         state = dict(self.__dict__)
         state["_reader"], state["_reader_pid"], state["_plan_cache"] = None, -1, None
         state["_parent_world"] = process_group_world()  # spawned DataLoader workers learn their rank from it
-        return state
+        return {k: v for k, v in state.items() if k != "begin_pass"}  # (loaders.lightning's wrapper stays in its process)
 
     # ---- the plan
     def plan(self, epoch: int | None = None) -> EpochPlan:

@@ -2,11 +2,13 @@
 
 The view writes a ragged field (``Segments``: records of many lengths, read in place from zstd's
 output buffers, shared frames included) as ``out[mask] = data``, the mask being the lengths' mask it
-also hands out; the padding is the buffer's fill. These tests check the batches against records read
+also hands out (made from the records' own lengths by ``Segments.fill_masked``); the padding is the
+buffer's fill. These tests check the batches against records read
 one by one with ``tarfile`` + ``zstd`` (:class:`loader_fixtures.Reference`) while the loader reuses
 its batch buffers (a short batch after a long one must not keep the long one's tail), with and
 without the mask key, and the pieces (``Segments.fill_masked``, ``length_mask``, ``shape_mask``)
-against plain loops, a mask that does not match the data included.
+against plain loops: garbage (NaN) between and after the records, the longest record last in its
+buffer, records of length 0.
 """
 
 from __future__ import annotations
@@ -98,8 +100,9 @@ def test_fill_masked_equals_a_loop(buffers: int) -> None:
     seg, records = _segments(rng, lengths, buffers)
     slot = np.concatenate([rng.permutation(30), rng.integers(0, 30, 6)])  # every record once, then repeats
     out = np.full((len(slot), 20), 99, np.int32)
-    mask = length_mask(lengths[slot], np.empty((len(slot), 20), bool))
+    mask = np.ones((len(slot), 20), bool)  # (written by fill_masked: the rows' lengths)
     seg.fill_masked(out, slot, mask)
+    np.testing.assert_array_equal(mask, length_mask(lengths[slot], np.empty((len(slot), 20), bool)))
     for r, k in enumerate(slot.tolist()):
         assert out[r, : lengths[k]].tolist() == records[k].tolist()
         assert (out[r, lengths[k] :] == 99).all()  # outside the mask: left as is
@@ -109,15 +112,35 @@ def test_fill_masked_equals_a_loop(buffers: int) -> None:
         assert scattered[k, : lengths[k]].tolist() == records[k].tolist() and (scattered[k, lengths[k] :] == 99).all()
 
 
-def test_fill_masked_refuses_a_mask_of_other_lengths() -> None:
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(1, 20, 10)
-    seg, _ = _segments(rng, lengths, 2)
-    slot = np.arange(10)
-    wrong = lengths[slot].copy()
-    wrong[3] -= 1
-    with pytest.raises(ValueError, match="boolean"):
-        seg.fill_masked(np.zeros((10, 20), np.int32), slot, length_mask(wrong, np.empty((10, 20), bool)))
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_fill_masked_windows_stay_inside_the_records(buffers: int) -> None:
+    """Each row reads a window as wide as the batch's longest record: NaN after every record (and the
+    longest record last in its buffer, its window past the buffer's end) must not reach the batch."""
+    rng = np.random.default_rng(7)
+    lengths = np.array([3, 0, 17, 5, 1, 12])
+    bufs, start, buf = [], np.zeros(6, np.int64), np.arange(6) % buffers
+    records = [rng.standard_normal(int(k)).astype(np.float32) for k in lengths]
+    for b in range(buffers):
+        order = sorted(np.flatnonzero(buf == b).tolist(), key=lambda i: lengths[i])  # longest last
+        parts, pos = [], 0
+        for i in order:
+            parts += [records[i], np.full(2, np.nan, np.float32)]
+            start[i] = pos
+            pos += lengths[i] + 2
+        parts[-1] = parts[-1][:0]  # nothing after the last record
+        bufs.append(np.concatenate(parts))
+    seg = Segments(np.arange(6), buf, start, lengths, bufs)
+    slot = np.array([5, 2, 0, 1, 2, 3, 4])
+    out = np.zeros((7, 20), np.float32)
+    mask = np.empty((7, 20), bool)
+    seg.fill_masked(out, slot, mask)
+    assert not np.isnan(out).any()
+    for r, k in enumerate(slot.tolist()):
+        assert out[r, : lengths[k]].tobytes() == records[k].tobytes() and not out[r, lengths[k] :].any()
+    empty = Segments(np.arange(2), np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.int64), [np.zeros(0, np.float32)])
+    out2, mask2 = np.full((2, 4), 5.0, np.float32), np.ones((2, 4), bool)
+    empty.fill_masked(out2, np.array([1, 0]), mask2)
+    assert not mask2.any() and (out2 == 5.0).all()
 
 
 @pytest.mark.parametrize("max_shape", [(7,), (4, 6), (3, 2, 5), (40000,)])

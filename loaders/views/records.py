@@ -25,7 +25,7 @@ from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
-from cachebuild.format.segments import length_mask, small_int
+from cachebuild.format.segments import small_int
 from loaders.plan import BatchItems
 from loaders.ragged import DEFAULT_BUCKET_BATCHES, bucket_order
 from loaders.views.base import ShapesFn, View, array_fields, copy_repeats, field_layout, require_fields
@@ -137,9 +137,8 @@ class RecordsView(View):
             shapes = blk.shapes[inv]
             out[f"{f.name}_shape"][...] = shapes
             mask = out[f"{f.name}_mask"] if self.masks else None
-            if blk.segments is not None:  # ragged 1-d: the mask of the lengths is also where the data goes
+            if blk.segments is not None:  # ragged 1-d: the mask of the lengths (written here) is also where the data goes
                 mask = self._scratch_mask(f.name, f.max_shape) if mask is None else mask
-                length_mask(shapes[:, 0], mask)
                 blk.segments.fill_masked(out[f.name], inv, mask)
                 whole.append(f.name)
                 continue
