@@ -52,7 +52,11 @@ class Handover:
         self._space = threading.Semaphore(max(1, depth))  # (shared) free places in the queue: the thread waits for one before it takes an item
         self._ended = False  # (shared) the source is exhausted or raised: nothing more to take from it
         self._thread = threading.Thread(target=self._run, name="cachebuild-handover", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # a Ctrl-C while start() waits for the thread: no one holds this object to close it
+            self._stop.set()
+            raise
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():

@@ -144,11 +144,25 @@ def _set_epoch_length(trainer: Any, loader: StreamLoader) -> None:
     batches = _limited(len(loader), trainer.limit_train_batches)
     if combined is None or combined.limits is None:
         loop.max_batches = batches
+    else:
+        for i, dl in enumerate(combined.flattened):
+            if dl is loader:
+                combined.limits[i] = batches  # in place: the iterator of this pass holds the same list
+        loop.max_batches = max(combined.limits)  # (each limit is already at most its loader's length)
+    _set_val_check_batch(trainer, loop.max_batches)
+
+
+def _set_val_check_batch(trainer: Any, batches: int | float) -> None:
+    """Lightning's ``val_check_batch`` for an epoch of ``batches``, where Lightning derives it from the
+    epoch's length (a float ``val_check_interval``): it computes it once, from epoch 0's, so a longer
+    epoch validated mid-way and not at its end, and a shorter one never validated. Left alone: an int
+    interval, a time-based one, or an epoch of no length (``inf``)."""
+    interval, current = trainer.val_check_interval, trainer.val_check_batch
+    if isinstance(interval, int) or getattr(trainer, "_val_check_time_interval", None) is not None:
         return
-    for i, dl in enumerate(combined.flattened):
-        if dl is loader:
-            combined.limits[i] = batches  # in place: the iterator of this pass holds the same list
-    loop.max_batches = max(combined.limits)  # (each limit is already at most its loader's length)
+    if current is None or current == float("inf") or batches == float("inf") or batches == 0:
+        return
+    trainer.val_check_batch = max(1, int(batches * interval))  # (as Lightning's fit loop computes it)
 
 
 def _limited(batches: int, limit: int | float | None) -> int | float:
