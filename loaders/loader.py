@@ -126,9 +126,9 @@ class StreamLoader(DataLoader[Any]):
         here = self._planned_here()
         depth = self.num_workers * (self.prefetch_factor or 2) if here else self.handover  # planned here: what workers would prefetch
         prepare = _pinned_unpack if here and self.pin_memory and torch.cuda.is_available() else PackedBatch.unpack
-        ahead = Handover(it, prepare, depth, shared=here) if self.handover > 0 and self.num_workers > 0 else None
-        self._ahead = ahead
-        try:
+        ahead = None
+        try:  # (made inside: a Ctrl-C right after the thread starts still closes it, in ``finally``)
+            ahead = self._ahead = Handover(it, prepare, depth, shared=here) if self.handover > 0 and self.num_workers > 0 else None
             # unpack: copied out of the worker's slot (already done when pinned); on the
             # handover thread when there is one. Progress counts what the trainer receives,
             # while this pass holds its token: superseded (load_state_dict, set_epoch, a newer
