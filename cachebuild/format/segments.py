@@ -33,27 +33,26 @@ class Segments:
         """``(data, first)``: every buffer the records use, as one array (joined once if there are
         several), and each record's first element in it."""
         if self._joined is None:
-            if len(self.buffers) == 1:
-                self._joined = (self.buffers[0], self.start)
-            else:
-                sizes = np.array([len(b) for b in self.buffers], np.int64)
-                base = np.cumsum(sizes) - sizes
-                self._joined = (np.concatenate(self.buffers), base[self.buf] + self.start)
+            data = self.buffers[0] if len(self.buffers) == 1 else np.concatenate(self.buffers)
+            self._joined = (data, self._firsts())
         return self._joined
+
+    def _firsts(self) -> np.ndarray:
+        """Each record's first element in its buffers joined one after the other."""
+        if len(self.buffers) == 1:
+            return self.start
+        sizes = np.array([len(b) for b in self.buffers], np.int64)
+        first: np.ndarray = (np.cumsum(sizes) - sizes)[self.buf] + self.start
+        return first
 
     def _windows(self, wide: int) -> tuple[np.ndarray, np.ndarray]:
         """``(win, first)``: a read-only view ``win[p] = data[p : p + wide]`` for every start ``p`` of the
         joined data (followed by ``wide`` zeros so the last records' windows stay inside it: one copy of
         the block's data, the same join :meth:`_flat` makes when zstd left several buffers), and each
         record's first element."""
-        if len(self.buffers) == 1:
-            data, first = np.concatenate([self.buffers[0], np.zeros(wide, self.buffers[0].dtype)]), self.start
-        else:
-            sizes = np.array([len(b) for b in self.buffers], np.int64)
-            base = np.cumsum(sizes) - sizes
-            data, first = np.concatenate([*self.buffers, np.zeros(wide, self.buffers[0].dtype)]), base[self.buf] + self.start
+        data = np.concatenate([*self.buffers, np.zeros(wide, self.buffers[0].dtype)])
         size = data.itemsize
-        return as_strided(data, shape=(len(data) - wide + 1, wide), strides=(size, size), writeable=False), first
+        return as_strided(data, shape=(len(data) - wide + 1, wide), strides=(size, size), writeable=False), self._firsts()
 
     def _source(self, pick: np.ndarray) -> np.ndarray:
         """The elements of records ``pick`` (positions in this object), one after the other: one gather."""
