@@ -27,6 +27,7 @@ stored frames on all cores, or the plain gather of a raw cache).
     python benchmarks/bench_small.py --packs 1,64            # one cache per build.pack value, same rounds
     python benchmarks/bench_small.py --set build.level=3 --label level3
     python benchmarks/bench_small.py --old /tmp/before --datasets tokens   # A/B: our reader, this tree vs another
+    python benchmarks/bench_small.py --datasets tokens --set build.share=65536 --view mix=auto   # pooled reads
 
 With ``--old DIR`` (a checkout of the code before a change: ``git worktree add DIR <commit>``), our
 reader runs in a fresh process per measurement, this tree's code and ``DIR``'s alternately in every
@@ -69,7 +70,7 @@ _CHILD = r"""
 import json, os, sys
 from pathlib import Path
 import bench_small
-d = bench_small.ours_rate(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
+d = bench_small.ours_rate(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), json.loads(sys.argv[6]))
 print("RESULT " + json.dumps(d), flush=True)
 os._exit(0)  # (skip interpreter shutdown after the workers were stopped, as bench_decode's children do)
 """
@@ -113,7 +114,7 @@ def build_config(cfg: Config, datasets: list[str], codecs: list[str], records: i
     for ds in datasets:
         for codec in codecs:
             out = root / slug / f"{ds}-{codec}"
-            sets = [s for s in cfg.overrides if codec == "zstd" or not s.startswith("build.level=")]
+            sets = [s for s in cfg.overrides if codec == "zstd" or not s.startswith(("build.level=", "build.share="))]  # (zstd-only settings)
             try:
                 build(small_data.recipe(ds, records, codec, shard_mb), out, overrides=sets, progress=False, overwrite=True)
             except ConfigError as exc:
@@ -142,11 +143,11 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def ours_rate(cache: Path, workers: int, batch: int, limit_s: float, per_record: float) -> dict:
-    """Samples/s of ``ShardStream(view="records")`` + ``make_loader`` (shuffle on), timed as the peers are."""
+def ours_rate(cache: Path, workers: int, batch: int, limit_s: float, per_record: float, view_options: dict | None = None) -> dict:
+    """Samples/s of ``ShardStream(view="records", **view_options)`` + ``make_loader`` (shuffle on), timed as the peers are."""
 
     def make():
-        return make_loader(ShardStream(cache, view="records", batch_size=batch, seed=0), num_workers=workers)
+        return make_loader(ShardStream(cache, view="records", batch_size=batch, seed=0, **(view_options or {})), num_workers=workers)
 
     def count(b) -> tuple[int, int]:
         real = int((~b["is_pad"]).sum())
@@ -156,12 +157,12 @@ def ours_rate(cache: Path, workers: int, batch: int, limit_s: float, per_record:
     return {"samples_per_s": m["items_per_s"], "payload_mb_per_s": m["mb_per_s"], "first_batch_s": m["first_batch_s"], "epochs_restarted": m["epochs_restarted"]}
 
 
-def ours_rate_in(tree: Path, cache: Path, workers: int, batch: int, limit_s: float, per_record: float) -> dict:
+def ours_rate_in(tree: Path, cache: Path, workers: int, batch: int, limit_s: float, per_record: float, view_options: dict | None = None) -> dict:
     """:func:`ours_rate` in a fresh process that imports cachebuild and loaders from ``tree`` ({} if it failed)."""
     env = dict(os.environ, PYTHONPATH=f"{tree}:{HERE}")
     try:
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(cache), str(workers), str(batch), str(limit_s), str(per_record)],
+            [sys.executable, "-c", _CHILD, str(cache), str(workers), str(batch), str(limit_s), str(per_record), json.dumps(view_options or {})],
             env=env,
             cwd=tree,
             capture_output=True,
@@ -320,13 +321,35 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--limit-records", type=int, default=20_000, help="records per cache for the decompression limit")
     ap.add_argument("--root", type=Path, default=Path("/dev/shm/cachebuild-bench-small"))
     ap.add_argument("--old", type=Path, default=None, help="checkout of the code before a change: our reader A/B, this tree vs that one, in fresh processes")
+    ap.add_argument(
+        "--view",
+        dest="views",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option of our records view (repeatable), e.g. mix=auto (pooled reads, for caches built with --set build.share=65536)",
+    )
     ap.add_argument("--skip-litdata", action="store_true")
     ap.add_argument("--litdata-per-sample", action=argparse.BooleanOptionalAction, default=True, help="also LitData with workers and batch_decode=False")
     quick_defaults(ap, records=600, rounds=1, seconds=0.3, limit_records=300, root=Path("/dev/shm/cachebuild-bench-small-quick"))
     return ap.parse_args()
 
 
-def _cases(cfgs: list[Config], lit: dict[str, Path], payload: dict, datasets: list[str], workers: list[int], batch: int, per_sample: bool, old: Path | None = None) -> list[Case]:
+def view_options(pairs: list[str]) -> dict:
+    """``--view KEY=VALUE`` pairs as keyword arguments: whole numbers as ints, ``None``/``true``/``false`` as such, else strings."""
+    out: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"error: --view {pair!r}: expected KEY=VALUE, e.g. mix=auto")
+        v = value.strip()
+        out[key.strip()] = int(v) if v.lstrip("-").isdigit() else {"None": None, "true": True, "false": False}.get(v, v)
+    return out
+
+
+def _cases(
+    cfgs: list[Config], lit: dict[str, Path], payload: dict, datasets: list[str], workers: list[int], batch: int, per_sample: bool, old: Path | None = None, opts: dict | None = None
+) -> list[Case]:
     """Our reader on every cache and LitData on every dataset, at each worker count, grouped by dataset;
     with ``per_sample``, LitData with workers also with ``batch_decode=False`` (no window re-decoding);
     with ``old``, our reader in fresh processes, this tree's and ``old``'s next to each other."""
@@ -339,10 +362,10 @@ def _cases(cfgs: list[Config], lit: dict[str, Path], payload: dict, datasets: li
                         n, p = payload[(cfg.label, ds, codec)]
                         name = f"{ds} {cfg.label} {codec} w{w}"
                         if old is None:
-                            cases.append((name, lambda s, c=cache, w=w, per=p / n: ours_rate(c, w, batch, s, per)))
+                            cases.append((name, lambda s, c=cache, w=w, per=p / n: ours_rate(c, w, batch, s, per, opts)))
                             continue
                         for tree, suffix in ((HERE.parent, ""), (old, OLD)):
-                            cases.append((name + suffix, lambda s, t=tree, c=cache, w=w, per=p / n: ours_rate_in(t, c, w, batch, s, per)))
+                            cases.append((name + suffix, lambda s, t=tree, c=cache, w=w, per=p / n: ours_rate_in(t, c, w, batch, s, per, opts)))
             if ds in lit:
                 cases.append((f"{ds} litdata zstd w{w}", lambda s, o=lit[ds], w=w: peers.litdata_rate(o, w, batch, s)))
                 if per_sample and w > 0:
@@ -382,7 +405,8 @@ def _run(args: argparse.Namespace, datasets: list[str], codecs: list[str], worke
     lit_payload = {ds: payload[(cfgs[0].label, ds, "zstd")][1] for ds in lit}
     t_build = time.time() - t0
     loads: list[float] = []
-    runs = run_rounds(_cases(cfgs, lit, payload, datasets, workers, args.batch, args.litdata_per_sample, args.old), args.rounds, args.seconds, loads)
+    opts = view_options(args.views)
+    runs = run_rounds(_cases(cfgs, lit, payload, datasets, workers, args.batch, args.litdata_per_sample, args.old, opts), args.rounds, args.seconds, loads)
     lim = limits(cfgs, os.cpu_count() or 1, args.limit_records)
     rows = storage_rows(cfgs, datasets, payload, lit, lit_payload) + speed_rows(cfgs, runs, datasets, workers) + ab_rows(runs)
     rows += [(f"limit {k}", v) for k, v in lim.items()]
@@ -397,6 +421,7 @@ def _run(args: argparse.Namespace, datasets: list[str], codecs: list[str], worke
         *[f"{c.label}: {c.note}" for c in cfgs if c.note],
         *[f"{s}: skipped, build.pack is not accepted by this code" for s in skipped],
         f"--set {' '.join(args.sets)}" if args.sets else "no --set overrides",
+        f"our view's options: {opts} (--view)" if opts else "our view's defaults (no --view)",
         *([f"--old {args.old}: our reader in a fresh process per run, this tree (no suffix) and the old tree ('old') alternately; A/B = median of per-round new/old ratios"] if args.old else []),
         f"load average (1 min) at each round's start: {', '.join(f'{x:.1f}' for x in loads)}",
         f"total {time.time() - t0:.0f} s ({t_build:.0f} s building); load average at start {tuple(round(x, 2) for x in load0)}, "

@@ -99,6 +99,28 @@ class Segments:
         win, first = self._windows(wide)
         np.copyto(out[:, :wide], win[first[pick]], where=mask[:, :wide])
 
+    def scatter_windows(self, out: np.ndarray, dest: np.ndarray, slab: int = 4096) -> None:
+        """Record ``i`` into ``out[dest[rows[i]], :length[i]]``, and *anything* after it in that row up to
+        the block's longest record: a decoded-record store whose reader masks each row by its length.
+
+        For a whole pool of records (tens of thousands), where the element index of :meth:`scatter`
+        would be as large as the data and a masked copy one more pass over it: each record's row is
+        a window of the joined data (:meth:`_windows`) starting at the record, copied whole, a slab
+        of records (by destination row) at a time, into consecutive rows as one slice."""
+        n = len(self.rows)
+        wide = int(self.length.max()) if n else 0
+        if wide == 0:
+            return
+        win, first = self._windows(wide)
+        target = dest[self.rows]
+        by_row = np.argsort(target, kind="stable")
+        for a in range(0, n, slab):  # (one step per slab of thousands of records, not per record)
+            pick = by_row[a : a + slab]
+            rows = target[pick]
+            lo, hi = int(rows[0]), int(rows[-1]) + 1
+            # (a fancy index of the windows, not np.take: take first copies a strided source whole)
+            out[slice(lo, hi) if hi - lo == len(rows) else rows, :wide] = win[first[pick]]
+
 
 def small_int(top: int) -> type[np.signedinteger]:
     """The narrowest signed integer type holding ``0..top`` (a compare of int16 runs 3x int64's speed)."""

@@ -11,6 +11,14 @@ Batch keys (``B`` = batch size, ``M`` = the field's max shape from the manifest)
 (:func:`loaders.ragged.bucket_order`, spans of ``bucket_batches`` batches), so that
 :func:`loaders.ragged.trim_to_batch_max` cuts most of the padding; shapes stay fixed without it.
 
+``mix=N`` (or ``"auto"``: 64 MB of padded records per pool, at least 1,024) reads *pools*, for caches
+of small records packed into shared zstd frames (``build.share``, :mod:`loaders.member_order`): the
+epoch's order keeps each packed member's records together, is cut into pools of ``N`` records, and
+each batch draws its records at random from its pool, decoded once, whole frames only, and kept
+padded (:mod:`loaders.views.store`; shared between DataLoader workers). A batch then mixes records of
+``N / pack`` whole members of the cache rather than of all of it (``mix=None``, the default: every
+batch a uniform draw from the shuffle window). Same keys and shapes either way.
+
 JSON fields are metadata and are not batched (read them with :func:`cachebuild.format.read_record`).
 """
 
@@ -26,9 +34,12 @@ from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
 from cachebuild.format.segments import small_int
+from loaders.member_order import member_order
 from loaders.plan import BatchItems
+from loaders.pools import auto_mix
 from loaders.ragged import DEFAULT_BUCKET_BATCHES, bucket_order
-from loaders.views.base import ShapesFn, View, array_fields, copy_repeats, field_layout, require_fields
+from loaders.views.base import ShapesFn, View, array_fields, check_mixing, copy_repeats, field_layout, require_fields
+from loaders.views.store import Dense, RecordStore
 
 __all__ = ["RecordsView", "shape_mask"]
 
@@ -43,6 +54,21 @@ def _check_bucket(manifest: Manifest, field: str | None, batches: int) -> tuple[
     if field not in varying:
         raise ConfigError(f"view 'records': bucket_by = {field!r} is not a field of varying shape in {manifest.root} (those: {varying or 'none'})")
     return field, int(batches)
+
+
+def _check_mix(mix: Any, schemas: Sequence[Any], bucket_by: str | None) -> int | None:
+    """Records per pool of the pooled mode (``"auto"``: :func:`loaders.pools.auto_mix` of a padded record's bytes), or ``None``."""
+    if mix is None:
+        return None
+    if bucket_by is not None:
+        raise ConfigError(f"view 'records': mix = {mix!r} and bucket_by = {bucket_by!r} cannot be combined (pools keep packed members together; buckets group records by length)")
+    if isinstance(mix, str):
+        if mix != "auto":
+            raise ConfigError(f"view 'records': mix must be >= 1 records per pool, 'auto' or None (no pools), got {mix!r}")
+        mix = auto_mix(sum(int(np.prod(f.max_shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize + 8 * f.ndim for f in schemas))
+    if not schemas:
+        raise ConfigError("view 'records': mix needs at least one array field to batch")
+    return check_mixing("records", mix, 1)[0]
 
 
 def shape_mask(shapes: np.ndarray, max_shape: Sequence[int], out: np.ndarray) -> None:
@@ -67,7 +93,16 @@ class RecordsView(View):
 
     name = "records"
 
-    def __init__(self, manifest: Manifest, batch_size: int, fields: Sequence[str] | None = None, masks: bool = True, bucket_by: str | None = None, bucket_batches: int = DEFAULT_BUCKET_BATCHES):
+    def __init__(
+        self,
+        manifest: Manifest,
+        batch_size: int,
+        fields: Sequence[str] | None = None,
+        masks: bool = True,
+        bucket_by: str | None = None,
+        bucket_batches: int = DEFAULT_BUCKET_BATCHES,
+        mix: int | str | None = None,
+    ):
         super().__init__(manifest, batch_size)
         schemas = array_fields(manifest)
         if fields is not None:
@@ -81,20 +116,36 @@ class RecordsView(View):
         self.masks = masks
         self.bucket_by, self.bucket_batches = _check_bucket(manifest, bucket_by, bucket_batches)
         self._sizes: np.ndarray | None = None
+        self.mix = _check_mix(mix, schemas, self.bucket_by)
+        self.store: RecordStore | None = None
+        if self.mix is not None:  # pools of whole members, decoded once and kept padded
+            # (rows are not cleared when a region is reused: a batch masks each row by its record's shape)
+            dense = {f.name: Dense(tuple(f.max_shape), f.dtype, False) for f in schemas}
+            dense |= {f"{f.name}_shape": Dense((f.ndim,), "int64", False) for f in schemas if f.varying_axes}
+            self.store = RecordStore(dense, self._decode_into)
+            # workers sharing a pool's decode take a packed member each (its frames decoded once)
+            self.pool_part = max(int(e.pack) for e in manifest.shards) if manifest.shards else None
 
     def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"fields": [f.name for f in self.schemas], "masks": self.masks}
         if self.bucket_by is not None:  # (absent when not asked: states saved before the option still load)
             opts |= {"bucket_by": self.bucket_by, "bucket_batches": self.bucket_batches}
+        if self.mix is not None:  # (likewise)
+            opts["mix"] = self.mix
         return opts
 
-    def bind(self, shapes: ShapesFn) -> None:
+    def bind(self, shapes: ShapesFn) -> np.ndarray | None:
         if self.bucket_by is not None:  # each record's size of that field, from the index alone
             self._sizes = np.prod(shapes(self.bucket_by), axis=1, dtype=np.int64)
+        if self.mix is not None:  # one item per record, so that the plan cuts pools
+            return np.ones(len(shapes(self.schemas[0].name)), np.int64)
         return None
 
     def arrange(self, order: np.ndarray, shards: Callable[[], ShardSet], records: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
         order = super().arrange(order, shards, records, seed, epoch, shuffle)
+        if self.mix is not None and shuffle:  # each packed member's records together: a pool decodes whole frames
+            s = shards()
+            return member_order(order, np.diff(s.starts), s.packs)
         if self._sizes is None:
             return order
         return bucket_order(order, self._sizes, self.batch_size, self.bucket_batches, seed, epoch, shuffle)
@@ -104,8 +155,10 @@ class RecordsView(View):
 
     def layout(self) -> Layout:
         B = self.batch_size
-        # (a field of one shape is written whole, every row: no fill first; a varying one is zero-padded)
-        keys: dict[str, Field] = {f.name: field_layout(f, B) if f.varying_axes else Field((B,) + tuple(f.max_shape), f.dtype) for f in self.schemas}
+        # (a field of one shape is written whole, every row: no fill first; a varying one is zero-padded,
+        # except from pools, whose padded rows are copied whole)
+        pad = self.mix is None
+        keys: dict[str, Field] = {f.name: field_layout(f, B) if f.varying_axes and pad else Field((B,) + tuple(f.max_shape), f.dtype) for f in self.schemas}
 
         def add(key: str, spec: Field, of: str = "") -> None:
             if key in keys:  # a user's field named record_id, or x_shape next to a varying x
@@ -126,6 +179,9 @@ class RecordsView(View):
         return Layout(keys)
 
     def assemble(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
+        if self.store is not None:
+            self._assemble_pooled(shards, items, out)
+            return
         uniq, first, inv = items.unique, items.first, items.slot
         blocks = read_block(shards, uniq, [f.name for f in self.schemas], self.decode_threads)
         whole: list[str] = []  # keys written for every row here (repeats included)
@@ -146,6 +202,36 @@ class RecordsView(View):
             if mask is not None:
                 shape_mask(shapes, f.max_shape, mask)
         copy_repeats(out, first, inv, [f.name for f in self.schemas if f.name not in whole])
+        out["record_id"][...] = items.records
+        out["is_pad"][...] = items.is_pad
+
+    def _decode_into(self, shards: ShardSet, ids: np.ndarray, arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
+        """Decode records ``ids`` into the store's padded rows ``dest`` (zero beyond each record)."""
+        blocks = read_block(shards, ids, [f.name for f in self.schemas], self.decode_threads)
+        for f in self.schemas:
+            blk = blocks[f.name]
+            if blk.segments is not None:  # ragged 1-d: rows as windows of the decoded data (no per-element index)
+                blk.segments.scatter_windows(arrays[f.name], dest)
+            else:
+                blk.scatter(arrays[f.name], dest)
+            if f.varying_axes:
+                arrays[f"{f.name}_shape"][dest] = blk.shapes
+
+    def _assemble_pooled(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
+        """A batch of a pooled plan: each row a copy of its record's row in the store, zero outside the record's shape."""
+        assert self.store is not None, "a pooled view has a store"
+        arrays, where = self.store.rows(shards, items)
+        try:
+            row = where[items.slot]
+            for f in self.schemas:
+                np.take(arrays[f.name], row, axis=0, out=out[f.name])
+                if f.varying_axes:  # (a store row holds other bytes beyond its record)
+                    shapes = np.take(arrays[f"{f.name}_shape"], row, axis=0, out=out[f"{f.name}_shape"])
+                    mask = out[f"{f.name}_mask"] if self.masks else self._scratch_mask(f.name, f.max_shape)
+                    shape_mask(shapes, f.max_shape, mask)
+                    np.copyto(out[f.name], 0, where=~mask)
+        finally:
+            self.store.finish_batch()  # shared pools this batch read may be reused
         out["record_id"][...] = items.records
         out["is_pad"][...] = items.is_pad
 

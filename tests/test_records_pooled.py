@@ -1,0 +1,240 @@
+"""The ``records`` view's pooled mode (``mix=``): whole packed members per pool, decoded once, same records.
+
+What it must keep (DESIGN's promises): every record exactly once per epoch, the values of each record
+(checked against records read one by one with ``tarfile`` + ``zstd``, :class:`loader_fixtures.Reference`),
+zero padding and masks, the same batches at any worker count, exact resume, and a plan that is a pure
+function of (seed, epoch). What it trades, by design: a batch draws from its pool (``mix`` records,
+whole members), not from the whole cache; the tests pin that down too, so a change to it is seen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachebuild import FunctionSource, build
+from cachebuild.errors import ConfigError
+from cachebuild.format.reader import open_cache
+from cachebuild.format.segments import Segments
+from loader_fixtures import Reference, padded
+from loaders import ShardStream, make_loader
+from loaders.member_order import member_of, member_order
+
+MAX_LEN = 120
+PACK = 32
+
+
+def _record(rng: np.random.Generator, index: int) -> dict:
+    # a ragged 1-d field (Segments), a ragged 2-d one (runs), and a fixed-shape label
+    n = int(rng.integers(0, MAX_LEN + 1))
+    k = int(rng.integers(1, 5))
+    return {
+        "tok": rng.integers(-(2**31), 2**31 - 1, size=n).astype(np.int32),
+        "box": rng.normal(size=(k, 3)).astype(np.float32),
+        "lab": np.array(index % 7, np.int16),
+    }
+
+
+FIELDS = {"tok": "int32", "box": "float32", "lab": "int16"}
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Members of 32 records whose entries share frames of up to 64 KiB, several shards (the last members short)."""
+    root = tmp_path_factory.mktemp("pooled") / "shared"
+    build(FunctionSource.per_record(_record, FIELDS), root, records=1000, workers=1, shard_mb=0.1, pack=PACK, share=1 << 16, progress=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def plain_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One member per record and field (pack 1): pools still work, members are single records."""
+    root = tmp_path_factory.mktemp("pooled") / "plain"
+    build(FunctionSource.per_record(_record, FIELDS), root, records=300, workers=1, shard_mb=0.05, pack=1, progress=False)
+    return root
+
+
+def _epoch(stream: ShardStream, workers: int = 0) -> list[dict[str, np.ndarray]]:
+    return [{k: v.numpy().copy() for k, v in b.items()} for b in make_loader(stream, num_workers=workers)]
+
+
+def _check_rows(batches: list[dict[str, np.ndarray]], ref: Reference, masks: bool = True) -> None:
+    for b in batches:
+        for i, rid in enumerate(b["record_id"].tolist()):
+            want = ref.record(rid)
+            assert b["tok"][i].tobytes() == padded(want["tok"], (MAX_LEN,)).tobytes(), rid
+            assert b["box"][i].tobytes() == padded(want["box"], (4, 3)).tobytes(), rid
+            assert int(b["lab"][i]) == int(want["lab"])
+            assert b["tok_shape"][i].tolist() == [len(want["tok"])] and b["box_shape"][i].tolist() == list(want["box"].shape)
+            if masks:
+                assert np.array_equal(b["tok_mask"][i], np.arange(MAX_LEN) < len(want["tok"]))
+                assert b["box_mask"][i].sum() == want["box"].size
+            else:
+                assert "tok_mask" not in b
+
+
+def test_the_cache_shares_frames_across_records(shared_cache: Path) -> None:
+    with open_cache(shared_cache) as shards:
+        assert shards.manifest.codec.share == 1 << 16 and len(shards.manifest.shards) > 2
+        assert any(shards.layout(s).shared[:, shards.field_pos["tok"]].any() for s in range(len(shards.manifest.shards)))
+
+
+@pytest.mark.parametrize("masks", [True, False])
+def test_two_epochs_hold_every_record_once_with_its_values(shared_cache: Path, masks: bool) -> None:
+    ref = Reference(shared_cache)
+    stream = ShardStream(shared_cache, view="records", batch_size=48, seed=3, mix=200, masks=masks)
+    for epoch in range(2):
+        stream.set_epoch(epoch)
+        batches = _epoch(stream)
+        real = np.concatenate([b["record_id"][~b["is_pad"]] for b in batches])
+        assert sorted(real.tolist()) == list(range(1000))
+        _check_rows(batches, ref, masks)  # (pools' rows are reused between pools: stale bytes must never show)
+
+
+def test_each_record_is_decoded_once_per_epoch_and_pools_hold_whole_members(shared_cache: Path) -> None:
+    stream = ShardStream(shared_cache, view="records", batch_size=64, seed=1, mix=256)
+    _epoch(stream)
+    plan = stream.plan()
+    assert stream.view.store.decodes == 1000 + int(plan.pools[1])  # (the last batch's padding wraps to pool 0: decoded again, whole)
+    with open_cache(shared_cache) as shards:
+        counts, packs = np.diff(shards.starts), shards.packs
+    member = member_of(plan.order, counts, packs)
+    changes = int((member[1:] != member[:-1]).sum())
+    assert changes == len(np.unique(member)) - 1  # each member's records consecutive in the epoch order
+    for q in range(len(plan.pools) - 1):  # a pool's members: at most the two at its ends are cut
+        lo, hi = int(plan.pools[q]), int(plan.pools[q + 1])
+        inside = np.unique(member[lo:hi])
+        whole = [m for m in inside.tolist() if np.count_nonzero(member == m) == np.count_nonzero(member[lo:hi] == m)]
+        assert len(inside) - len(whole) <= 2
+
+
+def test_a_batch_draws_from_its_pool_and_pools_mix_members_of_the_whole_cache(shared_cache: Path) -> None:
+    stream = ShardStream(shared_cache, view="records", batch_size=64, seed=7, mix=320)
+    plan = stream.plan()
+    with open_cache(shared_cache) as shards:
+        counts, packs = np.diff(shards.starts), shards.packs
+    members = len(np.unique(member_of(np.arange(1000), counts, packs)))
+    pool_of = np.searchsorted(plan.pools, np.argsort(plan.order), side="right") - 1  # pool of each record id
+    for b in _epoch(stream)[:-1]:
+        rid = b["record_id"]
+        assert len(np.unique(pool_of[rid])) <= 2  # the batch's pool (and the next, where it straddles)
+        assert len(np.unique(member_of(rid, counts, packs))) >= 6  # ~10 members a pool: a batch of 64 spans most
+    first = member_of(plan.order[: int(plan.pools[1])], counts, packs)
+    assert len(np.unique(first)) < members // 2  # a pool is a part of the cache...
+    shards_in_first = np.unique(np.searchsorted(np.cumsum(counts), plan.order[: int(plan.pools[1])], side="right"))
+    assert len(shards_in_first) >= 3  # ...drawn across its shards (the local cache's full shuffle window)
+
+
+def test_workers_get_the_same_batches_and_share_pool_decodes(shared_cache: Path) -> None:
+    stream = ShardStream(shared_cache, view="records", batch_size=40, seed=11, mix=150)
+    zero = _epoch(stream, 0)
+    two = _epoch(ShardStream(shared_cache, view="records", batch_size=40, seed=11, mix=150), 2)
+    assert len(zero) == len(two)
+    for a, b in zip(zero, two):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_the_plan_is_seeded_and_differs_by_epoch_and_seed(shared_cache: Path) -> None:
+    def order(seed: int, epoch: int) -> np.ndarray:
+        s = ShardStream(shared_cache, view="records", batch_size=50, seed=seed, mix=200)
+        s.set_epoch(epoch)
+        return np.concatenate([b["record_id"] for b in _epoch(s)])
+
+    assert np.array_equal(order(2, 0), order(2, 0))
+    assert not np.array_equal(order(2, 0), order(2, 1)) and not np.array_equal(order(2, 0), order(3, 0))
+
+
+def test_resume_mid_epoch_continues_with_the_same_batches(shared_cache: Path) -> None:
+    full = _epoch(ShardStream(shared_cache, view="records", batch_size=32, seed=4, mix=128))
+    stream = ShardStream(shared_cache, view="records", batch_size=32, seed=4, mix=128)
+    loader = make_loader(stream, num_workers=0)
+    it = iter(loader)
+    for _ in range(9):
+        next(it)
+    state = loader.state_dict()
+    del it
+    again = ShardStream(shared_cache, view="records", batch_size=32, seed=4, mix=128)
+    resumed = make_loader(again, num_workers=0)
+    resumed.load_state_dict(state)
+    rest = [{k: v.numpy() for k, v in b.items()} for b in resumed]
+    assert len(rest) == len(full) - 9
+    for a, b in zip(full[9:], rest):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_state_of_the_unpooled_plan_does_not_load_into_a_pooled_stream(shared_cache: Path) -> None:
+    loader = make_loader(ShardStream(shared_cache, view="records", batch_size=32, seed=4), num_workers=0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    pooled = make_loader(ShardStream(shared_cache, view="records", batch_size=32, seed=4, mix=128), num_workers=0)
+    with pytest.raises(Exception, match="mix"):
+        pooled.load_state_dict(state)
+
+
+def test_without_shuffle_and_with_pack_one_the_records_come_in_order(shared_cache: Path, plain_cache: Path) -> None:
+    ordered = _epoch(ShardStream(shared_cache, view="records", batch_size=64, shuffle=False, mix=200))
+    assert np.concatenate([b["record_id"] for b in ordered])[:1000].tolist() == list(range(1000))
+    _check_rows(ordered, Reference(shared_cache))
+    stream = ShardStream(plain_cache, view="records", batch_size=30, seed=2, mix=100)
+    batches = _epoch(stream)
+    assert sorted(np.concatenate([b["record_id"][~b["is_pad"]] for b in batches]).tolist()) == list(range(300))
+    _check_rows(batches, Reference(plain_cache))
+
+
+def test_auto_mix_sizes_pools_by_padded_bytes(shared_cache: Path) -> None:
+    view = ShardStream(shared_cache, view="records", batch_size=32, mix="auto").view
+    padded_bytes = MAX_LEN * 4 + 4 * 3 * 4 + 2 + 8 * 3
+    assert view.mix == max(1024, (64 << 20) // padded_bytes)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"mix": "all"}, "mix must be"),
+        ({"mix": 0}, "mix must be"),
+        ({"mix": True}, "mix must be"),
+        ({"mix": 100, "bucket_by": "tok"}, "cannot be combined"),
+    ],
+)
+def test_bad_mix_options_are_one_line_errors(shared_cache: Path, options: dict, match: str) -> None:
+    with pytest.raises((ConfigError, ValueError), match=match) as err:
+        ShardStream(shared_cache, view="records", batch_size=32, **options)
+    assert "\n" not in str(err.value)
+
+
+def test_member_order_keeps_members_together_in_first_seen_order() -> None:
+    counts, packs = np.array([5, 3, 7]), np.array([2, 3, 2])
+    order = np.random.default_rng(0).permutation(15)
+    out = member_order(order, counts, packs)
+    assert sorted(out.tolist()) == list(range(15))
+    member = member_of(out, counts, packs)
+    assert (np.diff(member) != 0).sum() == len(np.unique(member)) - 1  # consecutive
+    firsts = [int(np.flatnonzero(member_of(order, counts, packs) == m)[0]) for m in dict.fromkeys(member.tolist())]
+    assert firsts == sorted(firsts)  # in the order of their first record's place
+    for m in np.unique(member).tolist():
+        ids = out[member == m]
+        assert np.array_equal(ids, np.sort(ids))
+    assert member_of(np.array([0, 4, 5, 7, 8, 14]), counts, packs).tolist() == [0, 2, 3, 3, 4, 7]
+    assert np.array_equal(member_order(order, counts, np.ones(3, np.int64)), order)
+
+
+def test_scatter_windows_writes_each_record_at_its_row_start() -> None:
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(0, 30, 50)
+    buffers = [rng.normal(size=int(lengths.sum()) + 7).astype(np.float32) for _ in range(2)]
+    buf = rng.integers(0, 2, 50)
+    start = np.zeros(50, np.int64)
+    for b in (0, 1):
+        sel = np.flatnonzero(buf == b)
+        start[sel] = np.cumsum(lengths[sel]) - lengths[sel]
+    seg = Segments(rng.permutation(50), buf, start, lengths, buffers)
+    for dest in (np.arange(50) + 10, rng.permutation(200)[:50]):  # consecutive rows, scattered rows
+        out = np.full((200, 30), np.nan, np.float32)
+        seg.scatter_windows(out, dest, slab=7)
+        for i in range(50):
+            row, b, s, n = int(dest[seg.rows[i]]), int(buf[i]), int(start[i]), int(lengths[i])
+            assert np.array_equal(out[row, :n], buffers[b][s : s + n])
