@@ -238,3 +238,42 @@ def test_scatter_windows_writes_each_record_at_its_row_start() -> None:
         for i in range(50):
             row, b, s, n = int(dest[seg.rows[i]]), int(buf[i]), int(start[i]), int(lengths[i])
             assert np.array_equal(out[row, :n], buffers[b][s : s + n])
+
+
+@pytest.mark.parametrize("room", [10_000, None])
+def test_pack_into_writes_each_record_where_it_says(room: int | None) -> None:
+    rng = np.random.default_rng(8)
+    lengths = rng.integers(0, 20, 40)
+    buffers = [rng.integers(0, 1000, int(lengths.sum()) + 5).astype(np.int32) for _ in range(3)]
+    buf = rng.integers(0, 3, 40)
+    start = np.zeros(40, np.int64)
+    for b in range(3):
+        sel = np.flatnonzero(buf == b)
+        start[sel] = np.cumsum(lengths[sel]) - lengths[sel]
+    rows = rng.permutation(40)
+    seg = Segments(rows, buf, start, lengths, buffers)
+    out = np.full(10_100, -1, np.int32)
+    tight = int(lengths.sum())  # (None: room for the records only, not the buffers: packed back to back)
+    at = seg.pack_into(out, 17, room or tight)
+    for i in range(40):
+        r, n = int(rows[i]), int(lengths[i])
+        assert np.array_equal(out[at[r] : at[r] + n], buffers[buf[i]][start[i] : start[i] + n])
+    used = sum(len(b) for b in buffers) if room else tight
+    assert (out[:17] == -1).all() and (out[17 + used :] == -1).all()
+    if room is None:
+        by_row = np.argsort(rows)
+        assert at.tolist() == (17 + np.cumsum(lengths[by_row]) - lengths[by_row]).tolist()
+
+
+def test_a_flat_row_at_the_very_end_of_the_store_is_read_whole() -> None:
+    from loaders.views.records_pool import _read_flat
+
+    flat = np.arange(100, dtype=np.int32) + 1
+    at, length = np.array([0, 90, 97, 50]), np.array([10, 10, 3, 0])  # the widest window (10) from 97 would leave the array
+    out = np.full((4, 12), -1, np.int32)
+    mask = np.arange(12)[None, :] < length[:, None]
+    _read_flat(flat, at, length, out, mask)
+    for i in range(4):
+        want = np.zeros(12, np.int32)
+        want[: length[i]] = flat[at[i] : at[i] + length[i]]
+        assert np.array_equal(out[i], want), i

@@ -99,6 +99,36 @@ class Segments:
         win, first = self._windows(wide)
         np.copyto(out[:, :wide], win[first[pick]], where=mask[:, :wide])
 
+    def pack_into(self, out: np.ndarray, base: int, room: int) -> np.ndarray:
+        """Every record into the 1-d ``out``, within its ``room`` elements from ``base``; returns each
+        block row's first element in ``out``. (A decoded-record store's flat region: no padding written.)
+
+        Where the decoded buffers fit in ``room`` (small records: a header and some bytes of frames read
+        for their neighbours beside each record), they are copied whole, one after another: a
+        copy at memory speed, and the records stay where they are in them. Otherwise the records'
+        own elements, in block-row order, one right after another (one gather; they fit, each at most
+        ``room / records`` long)."""
+        at = np.empty(len(self.rows), np.int64)
+        if sum(len(b) for b in self.buffers) <= room:
+            pos = base
+            for b in self.buffers:  # (one copy per decoded buffer)
+                out[pos : pos + len(b)] = b
+                pos += len(b)
+            at[self.rows] = base + self._firsts()
+            return at
+        by_row = np.argsort(self.rows, kind="stable")
+        data, first = self._flat()
+        length = self.length[by_row]
+        total = int(length.sum())
+        before = np.cumsum(length) - length
+        at[self.rows[by_row]] = base + before
+        if total:
+            kind = np.int32 if max(len(data), total) < 2**31 else np.int64
+            idx = np.repeat((first[by_row] - before).astype(kind), length)
+            idx += np.arange(total, dtype=kind)
+            np.take(data, idx, out=out[base : base + total], mode="clip")  # (indices in range by construction)
+        return at
+
     def scatter_windows(self, out: np.ndarray, dest: np.ndarray, slab: int = 4096) -> None:
         """Record ``i`` into ``out[dest[rows[i]], :length[i]]``, and *anything* after it in that row up to
         the block's longest record: a decoded-record store whose reader masks each row by its length.

@@ -33,13 +33,13 @@ from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
-from cachebuild.format.segments import small_int
 from loaders.member_order import member_order
-from loaders.plan import BatchItems
+from loaders.plan import BatchItems, EpochPlan
 from loaders.pools import auto_mix
 from loaders.ragged import DEFAULT_BUCKET_BATCHES, bucket_order
 from loaders.views.base import ShapesFn, View, array_fields, check_mixing, copy_repeats, field_layout, require_fields
-from loaders.views.store import Dense, RecordStore
+from loaders.views.records_pool import pool_fields, read_rows, row_items, shape_mask, write_pool
+from loaders.views.store import RecordStore
 
 __all__ = ["RecordsView", "shape_mask"]
 
@@ -69,23 +69,6 @@ def _check_mix(mix: Any, schemas: Sequence[Any], bucket_by: str | None) -> int |
     if not schemas:
         raise ConfigError("view 'records': mix needs at least one array field to batch")
     return check_mixing("records", mix, 1)[0]
-
-
-def shape_mask(shapes: np.ndarray, max_shape: Sequence[int], out: np.ndarray) -> None:
-    """``out[i, j0, j1, ...] = all(j_d < shapes[i, d])``, vectorised over the batch: one broadcast
-    compare for the first axis written straight into ``out``, one ``&=`` per further axis."""
-    nd = len(max_shape)
-    if nd == 0:
-        out[...] = True
-        return
-    kind = small_int(max(max_shape))
-    for d, m in enumerate(max_shape):
-        idx = np.arange(m, dtype=kind).reshape((1,) + (1,) * d + (m,) + (1,) * (nd - d - 1))
-        lim = shapes[:, d].astype(kind).reshape((-1,) + (1,) * nd)
-        if d == 0:
-            np.less(idx, lim, out=out)
-        else:
-            out &= idx < lim
 
 
 class RecordsView(View):
@@ -119,10 +102,7 @@ class RecordsView(View):
         self.mix = _check_mix(mix, schemas, self.bucket_by)
         self.store: RecordStore | None = None
         if self.mix is not None:  # pools of whole members, decoded once and kept padded
-            # (rows are not cleared when a region is reused: a batch masks each row by its record's shape)
-            dense = {f.name: Dense(tuple(f.max_shape), f.dtype, False) for f in schemas}
-            dense |= {f"{f.name}_shape": Dense((f.ndim,), "int64", False) for f in schemas if f.varying_axes}
-            self.store = RecordStore(dense, self._decode_into)
+            self.store = RecordStore(pool_fields(schemas), self._decode_into)  # (loaders.views.records_pool)
             # workers sharing a pool's decode take a packed member each (its frames decoded once)
             self.pool_part = max(int(e.pack) for e in manifest.shards) if manifest.shards else None
 
@@ -206,30 +186,21 @@ class RecordsView(View):
         out["is_pad"][...] = items.is_pad
 
     def _decode_into(self, shards: ShardSet, ids: np.ndarray, arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
-        """Decode records ``ids`` into the store's padded rows ``dest`` (zero beyond each record)."""
-        blocks = read_block(shards, ids, [f.name for f in self.schemas], self.decode_threads)
-        for f in self.schemas:
-            blk = blocks[f.name]
-            if blk.segments is not None:  # ragged 1-d: rows as windows of the decoded data (no per-element index)
-                blk.segments.scatter_windows(arrays[f.name], dest)
-            else:
-                blk.scatter(arrays[f.name], dest)
-            if f.varying_axes:
-                arrays[f"{f.name}_shape"][dest] = blk.shapes
+        """Decode records ``ids`` into the store's rows ``dest`` (:func:`loaders.views.records_pool.write_pool`)."""
+        write_pool(read_block(shards, ids, [f.name for f in self.schemas], self.decode_threads), self.schemas, arrays, dest)
+
+    def assemble_batch(self, shards: ShardSet, plan: EpochPlan, b: int, out: dict[str, np.ndarray]) -> None:
+        if self.store is None or plan.pools is None:
+            super().assemble_batch(shards, plan, b, out)
+            return
+        self._assemble_pooled(shards, row_items(plan, b), out)
 
     def _assemble_pooled(self, shards: ShardSet, items: BatchItems, out: dict[str, np.ndarray]) -> None:
-        """A batch of a pooled plan: each row a copy of its record's row in the store, zero outside the record's shape."""
+        """A batch of a pooled plan: each row its record's, read from the store, zero outside the record's shape."""
         assert self.store is not None, "a pooled view has a store"
         arrays, where = self.store.rows(shards, items)
         try:
-            row = where[items.slot]
-            for f in self.schemas:
-                np.take(arrays[f.name], row, axis=0, out=out[f.name])
-                if f.varying_axes:  # (a store row holds other bytes beyond its record)
-                    shapes = np.take(arrays[f"{f.name}_shape"], row, axis=0, out=out[f"{f.name}_shape"])
-                    mask = out[f"{f.name}_mask"] if self.masks else self._scratch_mask(f.name, f.max_shape)
-                    shape_mask(shapes, f.max_shape, mask)
-                    np.copyto(out[f.name], 0, where=~mask)
+            read_rows(arrays, where[items.slot], self.schemas, out, lambda f: out[f"{f.name}_mask"] if self.masks else self._scratch_mask(f.name, f.max_shape))
         finally:
             self.store.finish_batch()  # shared pools this batch read may be reused
         out["record_id"][...] = items.records
