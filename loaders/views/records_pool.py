@@ -103,11 +103,15 @@ def _read_flat(flat: np.ndarray, at: np.ndarray, length: np.ndarray, out: np.nda
     limit = len(flat) - wide  # the last start whose window stays inside the array
     size = flat.itemsize
     win = as_strided(flat, shape=(limit + 1, wide), strides=(size, size), writeable=False)
-    rows = out[:, :wide]
-    rows[...] = win[np.minimum(at, limit)]
+    gathered = win[np.minimum(at, limit)]
     for i in np.flatnonzero(at > limit).tolist():  # (records ending in the array's last window: a few at most)
-        rows[i, : int(length[i])] = flat[int(at[i]) : int(at[i]) + int(length[i])]
-    _zero_outside(rows, mask[:, :wide])
+        gathered[i, : int(length[i])] = flat[int(at[i]) : int(at[i]) + int(length[i])]
+    rows, inside = out[:, :wide], mask[:, :wide]
+    if rows.dtype.kind in "biu":  # (the copy and the zeroing in one pass)
+        np.multiply(gathered, inside, out=rows)
+    else:  # (bytes past a record may read as NaN: NaN * 0 is NaN)
+        rows[...] = 0
+        np.copyto(rows, gathered, where=inside)
 
 
 def _zero_outside(data: np.ndarray, mask: np.ndarray) -> None:

@@ -140,8 +140,10 @@ class RecordStore:
 
     def _regions(self, pools: np.ndarray) -> np.ndarray:
         """The region of each entry of ``pools``; pools not held yet take regions no pool of this batch holds."""
-        need = np.unique(pools)
-        free = [r for r in range(self.span) if self.held[r] not in need]
+        one = len(pools) > 0 and int(pools.min()) == int(pools.max())
+        need = pools[:1] if one else np.unique(pools)  # (most batches lie in one pool: no sort)
+        wanted = set(need.tolist())
+        free = [r for r, q in enumerate(self.held.tolist()) if q not in wanted]
         region_of = {}
         for q in need.tolist():
             hit = np.flatnonzero(self.held == q)
@@ -157,6 +159,8 @@ class RecordStore:
             self.done[lo:hi] = False
             self.held[r] = q
             region_of[q] = r
+        if one:
+            return np.full(len(pools), region_of[int(pools[0])], np.int64)
         out = np.empty(len(pools), np.int64)
         for q, r in region_of.items():
             out[pools == q] = r
