@@ -20,7 +20,7 @@ from cachebuild.format.reader import open_cache
 from cachebuild.format.segments import Segments
 from loader_fixtures import Reference, padded
 from loaders import ShardStream, make_loader
-from loaders.member_order import member_of, member_order
+from loaders.frame_order import block_order, frame_blocks
 
 MAX_LEN = 120
 PACK = 32
@@ -42,9 +42,9 @@ FIELDS = {"tok": "int32", "box": "float32", "lab": "int16"}
 
 @pytest.fixture(scope="module")
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Members of 32 records whose entries share frames of up to 64 KiB, several shards (the last members short)."""
+    """Members of 32 records whose entries share frames of up to 2 KiB (~8 records), several shards (the last members short)."""
     root = tmp_path_factory.mktemp("pooled") / "shared"
-    build(FunctionSource.per_record(_record, FIELDS), root, records=1000, workers=1, shard_mb=0.1, pack=PACK, share=1 << 16, progress=False)
+    build(FunctionSource.per_record(_record, FIELDS), root, records=1000, workers=1, shard_mb=0.1, pack=PACK, share=2048, progress=False)
     return root
 
 
@@ -77,7 +77,7 @@ def _check_rows(batches: list[dict[str, np.ndarray]], ref: Reference, masks: boo
 
 def test_the_cache_shares_frames_across_records(shared_cache: Path) -> None:
     with open_cache(shared_cache) as shards:
-        assert shards.manifest.codec.share == 1 << 16 and len(shards.manifest.shards) > 2
+        assert shards.manifest.codec.share == 2048 and len(shards.manifest.shards) > 2
         assert any(shards.layout(s).shared[:, shards.field_pos["tok"]].any() for s in range(len(shards.manifest.shards)))
 
 
@@ -93,38 +93,46 @@ def test_two_epochs_hold_every_record_once_with_its_values(shared_cache: Path, m
         _check_rows(batches, ref, masks)  # (pools' rows are reused between pools: stale bytes must never show)
 
 
-def test_each_record_is_decoded_once_per_epoch_and_pools_hold_whole_members(shared_cache: Path) -> None:
+def _blocks(root: Path) -> np.ndarray:
+    with open_cache(root) as shards:
+        return frame_blocks(shards, "tok")
+
+
+def test_each_record_is_decoded_once_per_epoch_and_pools_hold_whole_frames(shared_cache: Path) -> None:
     stream = ShardStream(shared_cache, view="records", batch_size=64, seed=1, mix=256)
     _epoch(stream)
     plan = stream.plan()
     assert stream.view.store.decodes == 1000 + int(plan.pools[1])  # (the last batch's padding wraps to pool 0: decoded again, whole)
-    with open_cache(shared_cache) as shards:
-        counts, packs = np.diff(shards.starts), shards.packs
-    member = member_of(plan.order, counts, packs)
-    changes = int((member[1:] != member[:-1]).sum())
-    assert changes == len(np.unique(member)) - 1  # each member's records consecutive in the epoch order
-    for q in range(len(plan.pools) - 1):  # a pool's members: at most the two at its ends are cut
+    block = _blocks(shared_cache)[plan.order]
+    assert (np.diff(block) != 0).sum() == len(np.unique(block)) - 1  # each frame's records consecutive in the epoch order
+    for q in range(len(plan.pools) - 1):  # a pool's frames: at most the two at its ends are cut
         lo, hi = int(plan.pools[q]), int(plan.pools[q + 1])
-        inside = np.unique(member[lo:hi])
-        whole = [m for m in inside.tolist() if np.count_nonzero(member == m) == np.count_nonzero(member[lo:hi] == m)]
-        assert len(inside) - len(whole) <= 2
+        inside = np.unique(block[lo:hi])
+        cut = [m for m in inside.tolist() if np.count_nonzero(block == m) != np.count_nonzero(block[lo:hi] == m)]
+        assert len(cut) <= 2
 
 
-def test_a_batch_draws_from_its_pool_and_pools_mix_members_of_the_whole_cache(shared_cache: Path) -> None:
+def test_a_batch_draws_from_its_pool_and_a_pool_from_the_whole_cache(shared_cache: Path) -> None:
     stream = ShardStream(shared_cache, view="records", batch_size=64, seed=7, mix=320)
     plan = stream.plan()
-    with open_cache(shared_cache) as shards:
-        counts, packs = np.diff(shards.starts), shards.packs
-    members = len(np.unique(member_of(np.arange(1000), counts, packs)))
+    blocks = _blocks(shared_cache)
+    frames = len(np.unique(blocks))
+    assert frames >= 100  # (~8 records a frame)
     pool_of = np.searchsorted(plan.pools, np.argsort(plan.order), side="right") - 1  # pool of each record id
     for b in _epoch(stream)[:-1]:
         rid = b["record_id"]
         assert len(np.unique(pool_of[rid])) <= 2  # the batch's pool (and the next, where it straddles)
-        assert len(np.unique(member_of(rid, counts, packs))) >= 6  # ~10 members a pool: a batch of 64 spans most
-    first = member_of(plan.order[: int(plan.pools[1])], counts, packs)
-    assert len(np.unique(first)) < members // 2  # a pool is a part of the cache...
-    shards_in_first = np.unique(np.searchsorted(np.cumsum(counts), plan.order[: int(plan.pools[1])], side="right"))
-    assert len(shards_in_first) >= 3  # ...drawn across its shards (the local cache's full shuffle window)
+        assert len(np.unique(blocks[rid])) >= 20  # a batch of 64 spans many frames of its pool
+    first = blocks[plan.order[: int(plan.pools[1])]]
+    assert len(np.unique(first)) < frames // 2  # a pool is a part of the cache...
+    with open_cache(shared_cache) as shards:
+        shard_of = np.searchsorted(shards.starts[1:], plan.order[: int(plan.pools[1])], side="right")
+    assert len(np.unique(shard_of)) == len(np.diff(_starts(shared_cache)))  # ...drawn from all of its shards
+
+
+def _starts(root: Path) -> np.ndarray:
+    with open_cache(root) as shards:
+        return np.asarray(shards.starts)
 
 
 def test_workers_get_the_same_batches_and_share_pool_decodes(shared_cache: Path) -> None:
@@ -206,20 +214,32 @@ def test_bad_mix_options_are_one_line_errors(shared_cache: Path, options: dict, 
     assert "\n" not in str(err.value)
 
 
-def test_member_order_keeps_members_together_in_first_seen_order() -> None:
-    counts, packs = np.array([5, 3, 7]), np.array([2, 3, 2])
-    order = np.random.default_rng(0).permutation(15)
-    out = member_order(order, counts, packs)
-    assert sorted(out.tolist()) == list(range(15))
-    member = member_of(out, counts, packs)
-    assert (np.diff(member) != 0).sum() == len(np.unique(member)) - 1  # consecutive
-    firsts = [int(np.flatnonzero(member_of(order, counts, packs) == m)[0]) for m in dict.fromkeys(member.tolist())]
-    assert firsts == sorted(firsts)  # in the order of their first record's place
-    for m in np.unique(member).tolist():
-        ids = out[member == m]
-        assert np.array_equal(ids, np.sort(ids))
-    assert member_of(np.array([0, 4, 5, 7, 8, 14]), counts, packs).tolist() == [0, 2, 3, 3, 4, 7]
-    assert np.array_equal(member_order(order, counts, np.ones(3, np.int64)), order)
+def test_block_order_keeps_blocks_together_in_first_seen_order() -> None:
+    block = np.array([0, 0, 0, 1, 2, 2, 3, 3, 3, 3, 4, 5, 5, 6, 6])
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        order = rng.permutation(15)
+        out = block_order(order, block)
+        assert sorted(out.tolist()) == list(range(15))
+        of = block[out]
+        assert (np.diff(of) != 0).sum() == len(np.unique(of)) - 1  # consecutive
+        first_seen = list(dict.fromkeys(block[order].tolist()))
+        assert list(dict.fromkeys(of.tolist())) == first_seen  # in the order of their first record's place
+        for m in range(7):
+            assert np.array_equal(out[of == m], np.flatnonzero(block == m))  # stored order inside
+    assert np.array_equal(block_order(order, np.arange(15)), order)  # every record its own block: unchanged
+
+
+def test_frame_blocks_follow_the_shared_frames(shared_cache: Path, plain_cache: Path) -> None:
+    blocks = _blocks(shared_cache)
+    with open_cache(shared_cache) as shards:
+        offsets = np.concatenate([shards.index(s)[:, shards.field_pos["tok"]]["offset"] for s in range(len(shards.manifest.shards))])
+        starts = np.asarray(shards.starts)
+    same = offsets[1:] == offsets[:-1]
+    same[starts[1:-1] - 1] = False  # (a new shard starts a block)
+    assert np.array_equal(np.diff(blocks) == 0, same)
+    assert len(np.unique(blocks)) < len(blocks) // 3  # frames hold several records
+    assert np.array_equal(_blocks(plain_cache), np.arange(300))  # no shared frames: a block per record
 
 
 def test_scatter_windows_writes_each_record_at_its_row_start() -> None:

@@ -12,12 +12,12 @@ Batch keys (``B`` = batch size, ``M`` = the field's max shape from the manifest)
 :func:`loaders.ragged.trim_to_batch_max` cuts most of the padding; shapes stay fixed without it.
 
 ``mix=N`` (or ``"auto"``: 64 MB of padded records per pool, at least 1,024) reads *pools*, for caches
-of small records packed into shared zstd frames (``build.share``, :mod:`loaders.member_order`): the
-epoch's order keeps each packed member's records together, is cut into pools of ``N`` records, and
-each batch draws its records at random from its pool, decoded once, whole frames only, and kept
-padded (:mod:`loaders.views.store`; shared between DataLoader workers). A batch then mixes records of
-``N / pack`` whole members of the cache rather than of all of it (``mix=None``, the default: every
-batch a uniform draw from the shuffle window). Same keys and shapes either way.
+of small records in shared zstd frames (``build.share=65536``; :mod:`loaders.frame_order`): the
+epoch's order keeps the records of each frame together, is cut into pools of ``N`` records, and each
+batch draws its records at random from its pool, which is decoded once, each frame once
+(:mod:`loaders.views.records_pool`; shared between DataLoader workers). A batch then mixes records of
+the ``N / (records per frame)`` frames of its pool, drawn from the whole cache, rather than records
+drawn one by one (``mix=None``, the default). Same keys, shapes and values either way.
 
 JSON fields are metadata and are not batched (read them with :func:`cachebuild.format.read_record`).
 """
@@ -33,7 +33,7 @@ from cachebuild.format.manifest import Manifest
 from loaders.batch import Field, Layout
 from cachebuild.format.decode import read_block
 from cachebuild.format.reader import ShardSet
-from loaders.member_order import member_order
+from loaders.frame_order import block_order, frame_blocks
 from loaders.plan import BatchItems, EpochPlan
 from loaders.pools import auto_mix
 from loaders.ragged import DEFAULT_BUCKET_BATCHES, bucket_order
@@ -42,6 +42,11 @@ from loaders.views.records_pool import pool_fields, read_rows, row_items, shape_
 from loaders.views.store import RecordStore
 
 __all__ = ["RecordsView", "shape_mask"]
+
+
+POOL_PART = 1024
+"""Records per part of a shared pool decode (:mod:`loaders.shared_pools`) in the pooled mode: a frame of
+64 KiB holds ~58 token sequences, so a part cuts at most two frames (decoded by both workers) per ~18."""
 
 
 def _check_bucket(manifest: Manifest, field: str | None, batches: int) -> tuple[str | None, int]:
@@ -103,8 +108,7 @@ class RecordsView(View):
         self.store: RecordStore | None = None
         if self.mix is not None:  # pools of whole members, decoded once and kept padded
             self.store = RecordStore(pool_fields(schemas), self._decode_into)  # (loaders.views.records_pool)
-            # workers sharing a pool's decode take a packed member each (its frames decoded once)
-            self.pool_part = max(int(e.pack) for e in manifest.shards) if manifest.shards else None
+            self.pool_part = POOL_PART  # (workers sharing a pool's decode take parts this large)
 
     def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"fields": [f.name for f in self.schemas], "masks": self.masks}
@@ -123,12 +127,19 @@ class RecordsView(View):
 
     def arrange(self, order: np.ndarray, shards: Callable[[], ShardSet], records: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
         order = super().arrange(order, shards, records, seed, epoch, shuffle)
-        if self.mix is not None and shuffle:  # each packed member's records together: a pool decodes whole frames
-            s = shards()
-            return member_order(order, np.diff(s.starts), s.packs)
+        if self.mix is not None and shuffle:  # the records of each shared frame together: a pool decodes whole frames
+            return block_order(order, self._frame_blocks(shards(), records))
         if self._sizes is None:
             return order
         return bucket_order(order, self._sizes, self.batch_size, self.bucket_batches, seed, epoch, shuffle)
+
+    def _frame_blocks(self, shards: ShardSet, records: int) -> np.ndarray:
+        """:func:`loaders.frame_order.frame_blocks` of the largest field, once per cache size (a grown cache: again)."""
+        kept = self.__dict__.get("_blocks")
+        if kept is None or len(kept) != records:
+            largest = max(self.schemas, key=lambda f: int(np.prod(f.max_shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize)
+            kept = self.__dict__["_blocks"] = frame_blocks(shards, largest.name)
+        return kept
 
     def decoded_fields(self) -> list[str]:
         return [f.name for f in self.schemas]
@@ -209,6 +220,7 @@ class RecordsView(View):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_scratch", None)  # scratch arrays stay in their process
+        state.pop("_blocks", None)  # (and the frame blocks: computed again where needed)
         return state
 
     def _scratch_mask(self, name: str, max_shape: Sequence[int]) -> np.ndarray:
