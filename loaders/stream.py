@@ -85,7 +85,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         decode_threads: zstd threads when iterating in the main process
             (default: up to 4); DataLoader workers always use 1.
         **view_options: passed to the view (e.g. ``compact=True`` for twins; ``mix=`` records
-            per mixing pool and ``chunk=`` for ``mel`` and ``twins``, see :mod:`loaders.pools`).
+            per mixing pool and ``chunk=`` for ``mel`` and ``twins``, see :mod:`loaders.pools`;
+            ``mix=`` for ``records``: pooled reads of small records in shared frames,
+            see :mod:`loaders.views.records`).
 
     Iterate it directly (batches are dicts of tensors) or through
     :func:`loaders.make_loader`. Each new pass (``iter()``) is the next epoch,
