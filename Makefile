@@ -63,7 +63,7 @@ bench-deps: venv
 	$(BIN)/python -m pip install -q -c benchmarks/constraints.txt --no-deps 'litdata==0.2.76'
 
 # bench_decode and bench_mix compare against an older code tree (--old DIR); bench_gpu needs CUDA (make gpu-check).
-BENCHES = bench_build bench_load bench_mel bench_feed bench_remote bench_mixture bench_small
+BENCHES = bench_build bench_load bench_mel bench_feed bench_remote bench_mixture bench_small bench_pool_mixing
 
 bench: bench-deps
 	set -e; for b in $(BENCHES); do $(BIN)/python benchmarks/$$b.py; done

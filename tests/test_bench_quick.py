@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-QUICK = ["bench_build", "bench_load", "bench_mel", "bench_feed", "bench_remote", "bench_mixture", "bench_small", "peers"]
+QUICK = ["bench_build", "bench_load", "bench_mel", "bench_feed", "bench_remote", "bench_mixture", "bench_small", "bench_pool_mixing", "peers"]
 """What `make bench-quick` runs (the BENCHES of the Makefile, and the peers' smoke run)."""
 
 
