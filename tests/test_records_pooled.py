@@ -297,3 +297,15 @@ def test_a_flat_row_at_the_very_end_of_the_store_is_read_whole() -> None:
         want = np.zeros(12, np.int32)
         want[: length[i]] = flat[at[i] : at[i] + length[i]]
         assert np.array_equal(out[i], want), i
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_split_an_epoch_exactly_once_with_equal_batches(shared_cache: Path, world: int) -> None:
+    seen, counts = [], []
+    for rank in range(world):
+        stream = ShardStream(shared_cache, view="records", batch_size=40, seed=6, mix=300, rank=rank, world_size=world)
+        batches = _epoch(stream)
+        counts.append(len(batches))
+        seen.extend(np.concatenate([b["record_id"][~b["is_pad"]] for b in batches]).tolist())
+    assert len(set(counts)) == 1
+    assert sorted(seen) == list(range(1000))
