@@ -84,10 +84,9 @@ class ShardStream(IterableDataset[dict[str, Any]]):
             (see :data:`cachebuild.format.reader.VERIFY_MODES`).
         decode_threads: zstd threads when iterating in the main process
             (default: up to 4); DataLoader workers always use 1.
-        **view_options: passed to the view (e.g. ``compact=True`` for twins; ``mix=`` records
-            per mixing pool and ``chunk=`` for ``mel`` and ``twins``, see :mod:`loaders.pools`;
-            ``mix=`` for ``records``: pooled reads of small records in shared frames,
-            see :mod:`loaders.views.records`).
+        **view_options: passed to the view (e.g. ``compact=True`` for twins; ``mix=`` records per
+            mixing pool and ``chunk=`` for ``mel`` and ``twins``, :mod:`loaders.pools`; ``mix=`` for
+            ``records``: pooled reads of small records in shared frames, :mod:`loaders.views.records`).
 
     Iterate it directly (batches are dicts of tensors) or through
     :func:`loaders.make_loader`. Each new pass (``iter()``) is the next epoch,
@@ -362,7 +361,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         threads = 1 if shared else (self._decode_threads or min(4, os.cpu_count() or 1))
         store = getattr(self.view, "store", None)
         if store is not None:
-            store.attach(self.shared_pools if shared else None, worker)
+            store.attach(self.shared_pools if shared else None, worker, ahead=not shared)  # (the trainer's process may decode ahead)
         opens = closes = None
         if self.remote is not None:  # fetch this process's shards in order of use; close each after its last batch
             shards.release()  # anything a pass left open (an aborted pass, batch())

@@ -309,3 +309,82 @@ def test_ranks_split_an_epoch_exactly_once_with_equal_batches(shared_cache: Path
         seen.extend(np.concatenate([b["record_id"][~b["is_pad"]] for b in batches]).tolist())
     assert len(set(counts)) == 1
     assert sorted(seen) == list(range(1000))
+
+
+def _ahead_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("cachebuild-pool-")]
+
+
+def test_decoding_the_next_pool_ahead_changes_no_batch(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loaders.views.store import RecordStore
+
+    ahead = ShardStream(shared_cache, view="records", batch_size=32, seed=9, mix=100)
+    started: list[int] = []
+    real = RecordStore._start_ahead
+
+    def counting(self: RecordStore, shards: object, items: object) -> None:
+        before = self._pending
+        real(self, shards, items)
+        if self._pending is not None and self._pending is not before:
+            started.append(self._pending.pool)
+
+    monkeypatch.setattr(RecordStore, "_start_ahead", counting)
+    with_ahead = [_epoch(ahead) for _ in range(2)]
+    decodes = ahead.view.store.decodes
+    assert len(started) >= 2 * 9  # (10 pools an epoch: every pool after the first decoded ahead)
+    monkeypatch.setattr(RecordStore, "_start_ahead", lambda *a, **k: None)
+    plain = ShardStream(shared_cache, view="records", batch_size=32, seed=9, mix=100)
+    without = [_epoch(plain) for _ in range(2)]
+    assert plain.view.store.decodes == decodes  # the same records decoded, once each per epoch
+    for a_epoch, b_epoch in zip(with_ahead, without):
+        for a, b in zip(a_epoch, b_epoch, strict=True):
+            assert all(np.array_equal(a[k], b[k]) for k in a)
+    _check_rows(with_ahead[1], Reference(shared_cache))
+
+
+def test_a_failed_ahead_decode_is_raised_to_the_batch_that_needs_its_pool(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loaders.views import records as records_view
+
+    stream = ShardStream(shared_cache, view="records", batch_size=32, seed=9, mix=100)
+    plan = stream.plan()
+    doomed = set(plan.pool_records(3).tolist())
+    real_decode = records_view.RecordsView._decode_into
+
+    def decode(self: records_view.RecordsView, shards: object, ids: np.ndarray, arrays: dict, dest: np.ndarray) -> None:
+        if doomed & set(ids.tolist()):
+            raise OSError("disk gone while decoding ahead")
+        real_decode(self, shards, ids, arrays, dest)
+
+    monkeypatch.setattr(records_view.RecordsView, "_decode_into", decode)
+    stream = ShardStream(shared_cache, view="records", batch_size=32, seed=9, mix=100)
+    got = 0
+    with pytest.raises(OSError, match="disk gone"):
+        for b in make_loader(stream, num_workers=0):
+            got += 1
+    first_of_pool_3 = int(plan.pools[3]) // 32
+    assert got == first_of_pool_3  # every batch before pool 3 was delivered, that one raised
+    assert _wait_for(lambda: not _ahead_threads())
+
+
+def _wait_for(cond: object, seconds: float = 5.0) -> bool:
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_pass_left_early_leaves_no_decode_running(shared_cache: Path) -> None:
+    stream = ShardStream(shared_cache, view="records", batch_size=32, seed=2, mix=100)
+    loader = make_loader(stream, num_workers=0)
+    for i, _ in enumerate(loader):
+        if i == 5:
+            break
+    assert _wait_for(lambda: not _ahead_threads())
+    stream.set_epoch(1)
+    assert sorted(np.concatenate([b["record_id"][~b["is_pad"]].numpy() for b in loader]).tolist()) == list(range(1000))
