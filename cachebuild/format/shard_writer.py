@@ -91,6 +91,7 @@ class ShardWriter:
         self._pad = 0
         self._raw_bytes = 0
         self._ranks: np.ndarray | None = None  # each field's number of dims, set by the first record
+        self.index: np.ndarray | None = None  # the index written, once closed (the builder's manifest needs its shapes)
         self._rank_key = ""
         try:
             self._fh = open_tmp(self._tmp, buffering=0)
@@ -250,6 +251,7 @@ class ShardWriter:
         parts = self._index_parts or [np.zeros((0, len(self.fields)), INDEX_DTYPE)]
         index = np.concatenate(parts)
         idx_data = index_bytes(index)
+        self.index = index
         if self.pack > 1:  # (a packed shard's index compresses ~15x: offsets, sizes and shapes repeat)
             idx_data = compress_index(idx_data)
         idx_final = self.folder / index_name(self.name, packed=self.pack > 1)
