@@ -133,3 +133,37 @@ def test_a_field_whose_dims_change_between_shards_is_refused(tmp_path: Path) -> 
     with pytest.raises(SourceError, match=r"field 'x': shard-00002.tar has records of 2 dims, shard-00000.tar of 1"):
         build_cache(source, opts)
     assert not (tmp_path / "c" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("pack", [1, 3])
+@pytest.mark.parametrize("codec", [Codec("zstd", 1), Codec("none", 0)], ids=["zstd", "none"])
+def test_every_tar_header_is_the_one_by_one_header(tmp_path: Path, codec: Codec, pack: int) -> None:
+    """The writer names its members with numpy (``member_name_bytes``) and writes the headers in place; each
+    header must be exactly ``tar_header(name, size)``, the one-member form, also where record ids pass 10
+    digits mid-run (those runs take the one-by-one path) and where the pinned-bytes test is skipped."""
+    from cachebuild.format.names import member_name_bytes, record_key
+    from cachebuild.format.tarball import tar_header
+
+    rng = block_rng(2, 0, 0)
+    records = [awkward_record(rng, i) for i in range(40)]
+    fields = list(AWKWARD_FIELDS.items())
+    for first in (0, 10**10 - 7):
+        folder = tmp_path / str(first)
+        folder.mkdir()
+        writer = ShardWriter(folder, "shard-00000.tar", fields, Codec(codec.name, codec.level, pack=pack), first_record=first)
+        writer.add_block(records[:13])
+        writer.add_block(records[13:])
+        shard = writer.close(sync=False)
+        data = (folder / shard.name).read_bytes()
+        with tarfile.open(folder / shard.name) as tf:
+            members = tf.getmembers()
+        assert len(members) == -(-40 // pack) * len(fields)
+        assert members[0].name.startswith(record_key(first) + ".") and members[-1].name.startswith(record_key(first + 39 - 39 % pack) + ".")
+        for m in members:
+            assert data[m.offset : m.offset + 512] == tar_header(m.name, m.size), m.name
+    names, sums = member_name_bytes(np.array([0, 7, 10**10 - 1]), [".a.npy.zst", ".b"]) or (None, None)
+    want = [record_key(k) + s for k in (0, 7, 10**10 - 1) for s in (".a.npy.zst", ".b")]
+    assert [bytes(row).rstrip(b"\0").decode() for row in names] == want
+    assert sums.tolist() == [sum(w.encode()) for w in want]
+    assert member_name_bytes(np.array([10**10]), [".a"]) is None and member_name_bytes(np.array([1]), ["." + "x" * 90]) is None
+    assert member_name_bytes(np.array([1]), [".é"]) is None

@@ -194,9 +194,9 @@ def _append(source: RecordSource, opts: BuildOptions, out: LocalOutput, unit: st
         # closed on the way out, so that a stopped build's jobs stop (and say so) now: an interrupt landing here, between
         # two results, left the generator, and the wait for its running shards, to the garbage collector, after the CLI's exit
         with contextlib.closing(run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address, quiet=not opts.progress)) as jobs:
-            for shard in jobs:
-                done[_index_of(shard)] = shard
-                bar.update(shard.records)
+            for built in jobs:
+                done[_index_of(built.entry)] = built.entry
+                bar.update(built.entry.records)
     finally:
         bar.close()
     new = [done[spec.index] for spec in plan]

@@ -42,7 +42,7 @@ from cachebuild.format.index import index_from_bytes
 from cachebuild.format.json_text import nonfinite_at
 from cachebuild.format.limits import MAX_MEMBER_BYTES
 from cachebuild.format.malloc import tune_malloc
-from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
+from cachebuild.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes, shape_bounds
 from cachebuild.format.shard_writer import ShardWriter
 
 __all__ = ["BuildOptions", "BuildSummary", "build_fresh", "BACKENDS"]
@@ -195,7 +195,17 @@ def _fingerprint(doc: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, codec: Codec, fingerprint: str, sync: bool, own_process: bool) -> ShardEntry:
+@dataclass(frozen=True)
+class BuiltShard:
+    """What a shard job returns: the shard, and its index reduced to what the manifest's field schemas
+    need (:func:`~cachebuild.format.manifest.shape_bounds`, two rows), so the build's process does not
+    read every index back after the last shard (0.15 s of a 100k build, with both cores idle but one)."""
+
+    entry: ShardEntry
+    bounds: np.ndarray
+
+
+def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, codec: Codec, fingerprint: str, sync: bool, own_process: bool) -> BuiltShard:
     """Make one shard from scratch, publish it, then mark it done (runs in a worker)."""
     if own_process:
         tune_malloc()  # a build worker process, not the caller's
@@ -210,7 +220,8 @@ def _build_shard(spec: ShardSpec, source: RecordSource, seed: int, out: Output, 
         raise
     out.publish([shard.index, shard.name])
     write_done(out, shard, fingerprint, sync=sync)
-    return shard
+    assert writer.index is not None  # (set by close)
+    return BuiltShard(shard, shape_bounds(writer.index))
 
 
 def finished_shards(out: Output, plan: Sequence[ShardSpec], fingerprint: str, deep: bool) -> dict[int, ShardEntry]:
@@ -311,14 +322,17 @@ def _make(source: RecordSource, opts: BuildOptions, out: Output, plan: list[Shar
     bar = _progress(opts.records, unit, opts.progress)
     bar.update(sum(s.records for s in done.values()))
     built_raw = 0
+    bounds: dict[int, np.ndarray] = {}  # of the shards built now (a resumed shard's index is read at the end)
     try:
         own_process = opts.backend != "threading" and not (opts.backend == "loky" and min(opts.workers or os.cpu_count() or 1, len(todo)) <= 1)
         args = (source, opts.seed, out, opts.codec, fingerprint, opts.sync, own_process)
         # closed on the way out, so that a stopped build's jobs stop (and say so) now: an interrupt landing here, between
         # two results, left the generator, and the wait for its running shards, to the garbage collector, after the CLI's exit
         with contextlib.closing(run_jobs(_build_shard, todo, args, opts.backend, opts.workers, opts.address, quiet=not opts.progress)) as jobs:
-            for shard in jobs:
+            for built in jobs:
+                shard = built.entry
                 done[_index_of(shard)] = shard
+                bounds[_index_of(shard)] = built.bounds
                 built_raw += shard.raw_bytes
                 bar.update(shard.records)
                 bar.set_postfix_str(f"{built_raw / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.0f} MB/s", refresh=False)
@@ -326,7 +340,7 @@ def _make(source: RecordSource, opts: BuildOptions, out: Output, plan: list[Shar
         bar.close()
     shards = [done[spec.index] for spec in plan]
     remove_leftovers(out)  # a worker killed mid-shard (a lost Dask or Ray worker) left its temp file; the shard was redone
-    _write_final_manifest(source, opts, out, shards, fingerprint, per_shard)
+    _write_final_manifest(source, opts, out, shards, fingerprint, per_shard, bounds)
     out.remove(BUILD_RECORD)
     out.close_staging()  # a remote output's local staging folder ($TMPDIR/cachebuild-staging/<digest>), now empty
     return len(todo), shards
@@ -346,11 +360,12 @@ def _load_index(out: Output, shard: ShardEntry, n_fields: int) -> np.ndarray:
         raise OutputError(str(exc)) from exc
 
 
-def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output, shards: list[ShardEntry], fingerprint: str, per_shard: int) -> None:
+def _write_final_manifest(source: RecordSource, opts: BuildOptions, out: Output, shards: list[ShardEntry], fingerprint: str, per_shard: int, bounds: dict[int, np.ndarray]) -> None:
+    """The manifest, last; ``bounds``: :class:`BuiltShard.bounds` of the shards built now (the others' indexes are read)."""
     from cachebuild._version import __version__
 
     fields = list(source.fields())
-    indexes = [_load_index(out, s, len(fields)) for s in shards]
+    indexes = [bounds[_index_of(s)] if _index_of(s) in bounds else _load_index(out, s, len(fields)) for s in shards]
     manifest = Manifest(
         kind=source.kind,
         config=source.config_dict(),

@@ -25,7 +25,7 @@ from cachebuild.errors import OutputError, ShardCorruptError
 from cachebuild.format.atomic import atomic_write_bytes
 from cachebuild.format.generations import GENERATIONS_DIR, GROWN_VERSION, generation_of, snapshot_path
 from cachebuild.format.index import load_index
-from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes
+from cachebuild.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, schemas_from_indexes, shape_bounds
 
 __all__ = ["generation_table", "shard_number", "commit_generation", "listed_generations", "old_shape_bounds", "shard_files", "APPEND_RECORD"]
 
@@ -68,24 +68,13 @@ def _kept_old_shards(old: Manifest, entry: dict[str, Any], keep: int | None) -> 
     return tuple(s for s in old.shards if shard_number(s.name) >= first_kept)
 
 
-def _shape_bounds(index: np.ndarray) -> np.ndarray:
-    """Two rows standing for a shard's whole index in :func:`schemas_from_indexes`: each field's
-    smallest and largest shape per axis, and the rank of its first record (empty for an empty shard)."""
-    if not len(index):
-        return index[:0]
-    out = np.zeros((2, index.shape[1]), index.dtype)
-    out["ndim"] = index["ndim"][0]
-    out["shape"][0], out["shape"][1] = index["shape"].min(axis=0), index["shape"].max(axis=0)
-    return out
-
-
 def old_shape_bounds(root: Path, old: Manifest, entry: dict[str, Any], keep: int | None) -> list[np.ndarray]:
-    """What the next manifest's field schemas need of the old shards it keeps (:func:`_shape_bounds` of
+    """What the next manifest's field schemas need of the old shards it keeps (:func:`~cachebuild.format.manifest.shape_bounds` of
     each index), read and checked now: an append calls this before it writes anything, so a cache whose
     old index is corrupt is refused (:class:`~cachebuild.errors.OutputError`) with nothing built. One
     index is held at a time."""
     n_fields = len(old.fields)
-    return [_shape_bounds(_load_index(root, s, n_fields)) for s in _kept_old_shards(old, entry, keep)]
+    return [shape_bounds(_load_index(root, s, n_fields)) for s in _kept_old_shards(old, entry, keep)]
 
 
 def _next_manifest(root: Path, old: Manifest, new: list[ShardEntry], entry: dict[str, Any], keep: int | None, old_bounds: list[np.ndarray]) -> Manifest:

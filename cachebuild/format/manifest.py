@@ -21,7 +21,7 @@ from cachebuild.format.codec import Codec, parse_codec
 from cachebuild.format.limits import MAX_MANIFEST_BYTES, check_manifest, check_tables, load_json_bounded
 from cachebuild.format.names import FORMAT_NAME, FORMAT_VERSION, JSON_DTYPE, MANIFEST_NAME, PACKED_VERSION, SHARED_VERSION
 
-__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "manifest_version", "read_manifest", "schemas_from_indexes"]
+__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FieldSchema", "ShardEntry", "Manifest", "manifest_version", "read_manifest", "schemas_from_indexes", "shape_bounds"]
 
 READ_VERSIONS = (1, 2, 3, 4)  # 2: a grown cache (generation >= 1, see cachebuild.format.generations); 3: packed members (cachebuild.format.packing); 4: shared frames (cachebuild.format.shared_frames)
 
@@ -223,6 +223,17 @@ def read_manifest(root: str | Path) -> Manifest:
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
     return Manifest.from_json(data, str(root))
+
+
+def shape_bounds(index: np.ndarray) -> np.ndarray:
+    """Two rows standing for a shard's whole index in :func:`schemas_from_indexes`: each field's
+    smallest and largest shape per axis, and the rank of its first record (empty for an empty shard)."""
+    if not len(index):
+        return index[:0]
+    out = np.zeros((2, index.shape[1]), index.dtype)
+    out["ndim"] = index["ndim"][0]
+    out["shape"][0], out["shape"][1] = index["shape"].min(axis=0), index["shape"].max(axis=0)
+    return out
 
 
 def schemas_from_indexes(fields: Sequence[tuple[str, str]], indexes: Sequence[np.ndarray], names: Sequence[str] = ()) -> tuple[FieldSchema, ...]:

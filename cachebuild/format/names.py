@@ -10,7 +10,9 @@ the two sides cannot drift apart.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
+
+import numpy as np
 
 __all__ = [
     "FORMAT_NAME",
@@ -28,6 +30,7 @@ __all__ = [
     "ZSTD_SUFFIX",
     "index_name",
     "member_name",
+    "member_name_bytes",
     "record_key",
 ]
 
@@ -65,6 +68,31 @@ class _Suffixed(Protocol):
 def record_key(record_id: int) -> str:
     """The WebDataset key of a record: its global id, zero-padded to :data:`KEY_DIGITS` digits."""
     return f"{record_id:0{KEY_DIGITS}d}"
+
+
+_KEY_POWERS = 10 ** np.arange(KEY_DIGITS - 1, -1, -1, dtype=np.int64)
+
+
+def member_name_bytes(keys: np.ndarray, suffixes: Sequence[str], width: int = 100) -> tuple[np.ndarray, np.ndarray] | None:
+    """The tar name field of every member of records ``keys`` (record ids), each with every suffix in turn:
+    ``[len(keys) * len(suffixes), width]`` uint8 ``record_key(k) + suffix``, NUL-padded, and each name's
+    byte sum (the header checksum's share), in a few numpy operations instead of a string per member.
+    None where that does not apply: a key of more than :data:`KEY_DIGITS` digits, a name longer than
+    ``width``, a suffix that is not ASCII (the names are then made one by one, and checked)."""
+    try:
+        enc = [s.encode("ascii") for s in suffixes]
+    except UnicodeEncodeError:
+        return None
+    keys = np.asarray(keys, np.int64)
+    if not len(keys) or not enc or keys.min() < 0 or keys.max() >= 10**KEY_DIGITS or KEY_DIGITS + max(map(len, enc)) > width:
+        return None
+    digits = (keys[:, None] // _KEY_POWERS) % 10 + ord("0")
+    out = np.zeros((len(keys), len(enc), width), np.uint8)
+    out[:, :, :KEY_DIGITS] = digits[:, None, :]
+    for j, s in enumerate(enc):
+        out[:, j, KEY_DIGITS : KEY_DIGITS + len(s)] = np.frombuffer(s, np.uint8)
+    sums = digits.sum(axis=1)[:, None] + np.array([sum(s) for s in enc], np.int64)
+    return out.reshape(-1, width), sums.reshape(-1)
 
 
 def member_name(key: str, field: str, dtype: str, codec: _Suffixed, packed: bool = False) -> str:

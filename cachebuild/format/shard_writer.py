@@ -24,9 +24,9 @@ from cachebuild.format.codec import Codec
 from cachebuild.format.index import INDEX_DTYPE, compress_index, index_bytes
 from cachebuild.format.manifest import ShardEntry
 from cachebuild.format.member_block import EncodedRun, FieldSpec, MemberError, encode_run
-from cachebuild.format.names import index_name, member_name, record_key
+from cachebuild.format.names import index_name, member_name, member_name_bytes, record_key
 from cachebuild.format.packing import is_first_entry
-from cachebuild.format.tarball import BLOCK, END_OF_ARCHIVE, pad_lengths, tar_headers
+from cachebuild.format.tarball import BLOCK, END_OF_ARCHIVE, fill_headers, pad_lengths, tar_headers
 
 __all__ = ["ShardWriter"]
 
@@ -91,6 +91,7 @@ class ShardWriter:
         self._pad = 0
         self._raw_bytes = 0
         self._ranks: np.ndarray | None = None  # each field's number of dims, set by the first record
+        self.index: np.ndarray | None = None  # the index written, once closed (the builder's manifest needs its shapes)
         self._rank_key = ""
         try:
             self._fh = open_tmp(self._tmp, buffering=0)
@@ -159,7 +160,7 @@ class ShardWriter:
         except MemberError as exc:
             exc.record += self._count  # (from the run's to the shard's position)
             raise
-        chunks, end, pad = self._tar_chunks(run, [record_key(first + i) for i in range(0, len(records), self.pack)])
+        chunks, end, pad = self._tar_chunks(run, first + np.arange(0, len(records), self.pack, dtype=np.int64))
         if run.raw_bytes <= _JOIN_LIMIT:
             chunks = [b"".join(chunks)]  # one hash call and one write per run
         for chunk in chunks:  # (a run of huge records: no joined copy)
@@ -185,8 +186,9 @@ class ShardWriter:
                 i,
             )
 
-    def _tar_chunks(self, run: EncodedRun, group_keys: list[str]) -> tuple[list[Any], int, int]:
-        """The run's tar bytes as buffers; fills the index offsets and sizes.
+    def _tar_chunks(self, run: EncodedRun, group_ids: np.ndarray) -> tuple[list[Any], int, int]:
+        """The run's tar bytes as buffers; fills the index offsets and sizes (``group_ids``: the record id
+        each member of the run is named after, a group's first).
 
         Entry ``i`` (in tar order) is written as two buffers: a gap, built for
         all entries in one array, then the entry's body. A member's first
@@ -217,8 +219,9 @@ class ShardWriter:
         prefixes = run.prefixes or []
         plen = np.fromiter(map(len, prefixes), np.int64, len(prefixes)) if prefixes else np.zeros(m, np.int64)
         width = 2 * BLOCK + int(plen.max())
-        gaps = np.zeros((m, width), np.uint8)  # row i: [zeros][tar header, for a member's first entry][prefix i]
-        gaps[opens, BLOCK : 2 * BLOCK] = tar_headers([k + s.suffix for k in group_keys for s in self._specs], msize)
+        gaps = np.empty((m, width), np.uint8)  # row i: [zeros][tar header, for a member's first entry][prefix i]
+        gaps[:, :BLOCK] = 0  # (of a row only what its slice below takes is read: not a later entry's header, nor past its prefix)
+        self._place_headers(gaps, opens, group_ids, msize)
         _place_prefixes(gaps, prefixes, plen)
         row_at = np.arange(m, dtype=np.int64) * width
         prev_pad = np.zeros(m, np.int64)
@@ -230,6 +233,19 @@ class ShardWriter:
         chunks[::2] = [view[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
         chunks[1::2] = run.bodies
         return chunks, int(data_at[-1] + msize[-1] + pads[-1]), int(pads[-1])
+
+    def _place_headers(self, gaps: np.ndarray, opens: np.ndarray, group_ids: np.ndarray, msize: np.ndarray) -> None:
+        """The tar header of each member (``opens``: the rows of ``gaps`` a member's first entry has), written in place
+        when every entry opens a member (``pack`` 1); names made by numpy (:func:`~cachebuild.format.names.member_name_bytes`)."""
+        made = member_name_bytes(group_ids, [s.suffix for s in self._specs])
+        if made is None:  # (keys past KEY_DIGITS digits, a name over 100 bytes: one by one, checked)
+            gaps[opens, BLOCK : 2 * BLOCK] = tar_headers([record_key(int(k)) + s.suffix for k in group_ids.tolist() for s in self._specs], msize)
+        elif len(opens) == len(gaps):
+            fill_headers(gaps[:, BLOCK : 2 * BLOCK], made[0], made[1], msize)
+        else:
+            heads = np.empty((len(opens), BLOCK), np.uint8)
+            fill_headers(heads, made[0], made[1], msize)
+            gaps[opens, BLOCK : 2 * BLOCK] = heads
 
     def _write(self, data: Any) -> None:
         view = memoryview(data)
@@ -250,6 +266,7 @@ class ShardWriter:
         parts = self._index_parts or [np.zeros((0, len(self.fields)), INDEX_DTYPE)]
         index = np.concatenate(parts)
         idx_data = index_bytes(index)
+        self.index = index
         if self.pack > 1:  # (a packed shard's index compresses ~15x: offsets, sizes and shapes repeat)
             idx_data = compress_index(idx_data)
         idx_final = self.folder / index_name(self.name, packed=self.pack > 1)

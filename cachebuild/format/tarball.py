@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["BLOCK", "END_OF_ARCHIVE", "MAX_SIZE", "padding", "pad_lengths", "tar_header", "tar_headers"]
+__all__ = ["BLOCK", "END_OF_ARCHIVE", "MAX_SIZE", "fill_headers", "padding", "pad_lengths", "tar_header", "tar_headers"]
 
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
@@ -57,22 +57,33 @@ def tar_headers(names: Sequence[str], sizes: np.ndarray) -> np.ndarray:
         name_field = np.array(names, dtype="S100") if m else np.zeros(0, "S100")
     except UnicodeEncodeError as exc:
         raise ValueError(f"tar member names must be ASCII: {exc}") from None
-    if m and (max(map(len, names)) > 100 or sizes.min() < 0 or sizes.max() > MAX_SIZE):
-        i = next((i for i, n in enumerate(names) if len(n) > 100), None)
-        i = int(np.argmax((sizes < 0) | (sizes > MAX_SIZE))) if i is None else i
+    if m and max(map(len, names)) > 100:
+        i = next(i for i, n in enumerate(names) if len(n) > 100)
         _check(names[i], names[i].encode("ascii"), int(sizes[i]))
     out = np.empty((m, BLOCK), np.uint8)
-    out[:] = _TEMPLATE_ARRAY
     name_bytes = name_field.view(np.uint8).reshape(m, 100)
+    fill_headers(out, name_bytes, name_bytes.sum(axis=1, dtype=np.int64), sizes)
+    return out
+
+
+def fill_headers(out: np.ndarray, name_bytes: np.ndarray, name_sums: np.ndarray, sizes: np.ndarray) -> None:
+    """Write ustar headers into ``out`` (``[m, 512]`` uint8, a strided view of a larger array will do):
+    member ``i`` is named by ``name_bytes[i]`` (``[m, 100]`` uint8, ASCII, NUL-padded; ``name_sums[i]``
+    its byte sum, for the checksum) and holds ``sizes[i]`` bytes. :func:`tar_headers` from strings."""
+    sizes = np.asarray(sizes, np.int64)
+    if len(sizes) and (sizes.min() < 0 or sizes.max() > MAX_SIZE):
+        i = int(np.argmax((sizes < 0) | (sizes > MAX_SIZE)))
+        raw = name_bytes[i].tobytes().rstrip(b"\0")
+        _check(raw.decode("ascii", "replace"), raw, int(sizes[i]))
+    out[:] = _TEMPLATE_ARRAY
     out[:, :100] = name_bytes
     digits = ((sizes[:, None] >> _SIZE_SHIFTS) & 7).astype(np.uint8) + ord("0")
     out[:, 124:135] = digits
     out[:, 135] = 0
-    chksum = _BASE_SUM + name_bytes.sum(axis=1, dtype=np.int64) + digits.sum(axis=1, dtype=np.int64)
+    chksum = _BASE_SUM + np.asarray(name_sums, np.int64) + digits.sum(axis=1, dtype=np.int64)
     out[:, 148:154] = ((chksum[:, None] >> _SUM_SHIFTS) & 7).astype(np.uint8) + ord("0")
     out[:, 154] = 0
     out[:, 155] = ord(" ")
-    return out
 
 
 def pad_lengths(sizes: np.ndarray) -> np.ndarray:
