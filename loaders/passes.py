@@ -17,7 +17,9 @@ the next epoch. A loader's pass that no batch was taken from yet (one begun
 ahead by :meth:`~loaders.StreamLoader.prepare_pass`, as Lightning's epoch start
 does, or an ``iter()`` whose iterator was dropped unread, as Lightning's
 ``reload_dataloaders_every_n_epochs`` does) is not left: the next ``iter()``
-runs it, the same epoch from the same start on the same generations. Only the newest pass counts: ``load_state_dict``, ``set_epoch``
+runs it, the same epoch from the same start on the same generations (one with
+no batch to hand out is left as any other). Only the newest pass counts:
+``load_state_dict``, ``set_epoch``
 to another epoch, or a new pass **supersede** a pass still being iterated (each
 pass holds a token they retire), and its next ``next()`` raises
 :class:`~cachebuild.errors.PassSupersededError` instead of building a batch
@@ -127,7 +129,7 @@ class Progress:
 
     def begin(self, world_size: int, finished: Finished) -> int:
         """Start a pass by the rule above; returns its start (global batches of the epoch already consumed).
-        A pass still :attr:`unread` is run again (:meth:`rerun` tells; its caller keeps its generations)."""
+        A pass still :attr:`unread` is run again (:attr:`rerun` tells; its caller keeps its generations)."""
         self.rerun = self.unread and world_size == self.world_size
         epoch, start = self.next_pass()
         if not self.rerun and not self.pinned and finished(epoch, start):  # a state saved at the end of an epoch: the next one follows

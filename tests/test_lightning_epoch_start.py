@@ -1,8 +1,9 @@
 """Epochs of other lengths under real Lightning (CPU, one process): the count is right by the time
 ``on_train_epoch_start`` runs, for our datamodule and for a user's own, and
 ``reload_dataloaders_every_n_epochs`` runs each epoch once (docs/DECISIONS.md, "Lightning: the epoch's
-batch count before on_train_epoch_start"). Each test but the last two failed before the fix;
-the 2-rank DDP run is tests/test_lightning_epoch_start_ddp.py."""
+batch count before on_train_epoch_start"). Each test failed before the fix, but two that guard the
+new rule's edges (a checkpoint taken at an epoch's start, an empty pass): each fails when its edge's
+handling is taken out. The 2-rank DDP run is tests/test_lightning_epoch_start_ddp.py."""
 
 from __future__ import annotations
 
@@ -210,3 +211,14 @@ def test_prepare_pass_and_an_unread_pass(levels: dict[str, str]) -> None:  # noq
     it = iter(loader)
     next(it)
     assert len(list(loader)) == lengths[3] and loader.state_dict()["epoch"] == 3
+
+
+def test_an_empty_pass_is_not_run_again(levels: dict[str, str]) -> None:  # noqa: F811
+    """A pass with no batch to hand out (``set_epoch`` naming the epoch of a state saved at its end) is no
+    unread pass: the next ``iter()`` moves on to the next epoch, not to the same empty rest again."""
+    loader = make_loader(_schedule(levels)(), num_workers=0)
+    list(loader)
+    loader.load_state_dict(loader.state_dict())
+    loader.set_epoch(0)
+    assert list(loader) == []
+    assert len(list(loader)) == len(loader) > 0 and loader.state_dict()["epoch"] == 1
