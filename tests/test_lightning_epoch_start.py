@@ -222,3 +222,26 @@ def test_an_empty_pass_is_not_run_again(levels: dict[str, str]) -> None:  # noqa
     loader.set_epoch(0)
     assert list(loader) == []
     assert len(list(loader)) == len(loader) > 0 and loader.state_dict()["epoch"] == 1
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["StreamDataModule", "own-datamodule"])
+def test_a_generation_appended_between_epochs_is_counted_at_the_epochs_start(tmp_path: Any, ours: bool) -> None:
+    """``--append`` at epoch 0's end: epoch 1 (320 records, 20 batches) is counted at its start, and trained whole."""
+    from cachebuild import build
+    from grow_fixtures import toy_source
+
+    root = tmp_path / "grow"
+    build(toy_source(), root, records=120, seed=5, shard_mb=0.02, progress=False, workers=1)
+
+    class Append(pl.Callback):
+        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+            if trainer.current_epoch == 0:
+                build(toy_source(), root, records=200, seed=5, shard_mb=0.02, progress=False, workers=1, append=True)
+
+    def make() -> ShardStream:
+        return ShardStream(str(root), view="records", batch_size=16, seed=0)
+
+    first = _FirstCallback()
+    model = _fit(StreamDataModule(make) if ours else _OwnModule(make), epochs=2, callbacks=[Append(), first])
+    assert first.at_start == model.at_start == {0: 8, 1: 20}
+    assert sorted(model.seen[0]) == list(range(120)) and sorted(model.seen[1]) == list(range(320))
