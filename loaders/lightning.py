@@ -33,6 +33,7 @@ except ImportError:  # the older package name
     except ImportError as e:
         raise ImportError("loaders.lightning needs Lightning: pip install lightning") from e
 
+from loaders.epoch_start import set_epoch_length
 from loaders.loader import StreamLoader, make_loader
 from loaders.stream import ShardStream
 
@@ -83,7 +84,8 @@ class StreamDataModule(pl.LightningDataModule):
         """The training loader's position, and whether Lightning finished its epoch."""
         if self.train_loader is None:
             return dict(self._pending or {})
-        return {"loader": self.train_loader.state_dict(), "epoch_done": _epoch_done(getattr(self, "trainer", None))}
+        unread = self.train_loader.stream._progress.unread  # a pass begun ahead, at an epoch's start: the state is already its
+        return {"loader": self.train_loader.state_dict(), "epoch_done": _epoch_done(getattr(self, "trainer", None)) and not unread}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep ``state`` for the training loader (applied when Lightning asks for it, before iterating)."""
@@ -122,6 +124,9 @@ class StreamDataModule(pl.LightningDataModule):
         generation, can hold more: Lightning cut it there, and the rest of the epoch was never
         trained on (the next pass starts the next epoch). Each pass now sets the fit loop's count
         (``trainer.num_training_batches``, after ``limit_train_batches``) to the epoch it runs.
+        The loader's own sampler begins that pass as Lightning's epoch starts, before the
+        ``on_train_epoch_start`` hooks (:mod:`loaders.epoch_start`, for any datamodule); this hook
+        is its second line: it holds where that one finds no fit loop calling.
         """
         stream = loader.stream
         begin = stream.begin_pass
@@ -130,48 +135,10 @@ class StreamDataModule(pl.LightningDataModule):
             world = begin()
             trainer = getattr(self, "trainer", None)
             if trainer is not None and getattr(trainer, "training", False):
-                _set_epoch_length(trainer, loader)
+                set_epoch_length(trainer, loader)
             return world
 
         stream.begin_pass = begin_pass  # type: ignore[method-assign]
-
-
-def _set_epoch_length(trainer: Any, loader: StreamLoader) -> None:
-    """Set the fit loop's batch counts to ``loader``'s epoch: its limit in the combined loader
-    (which Lightning's data fetcher reads right after this pass begins) and ``num_training_batches``."""
-    loop = trainer.fit_loop
-    combined = getattr(loop, "_combined_loader", None)
-    batches = _limited(len(loader), trainer.limit_train_batches)
-    if combined is None or combined.limits is None:
-        loop.max_batches = batches
-    else:
-        for i, dl in enumerate(combined.flattened):
-            if dl is loader:
-                combined.limits[i] = batches  # in place: the iterator of this pass holds the same list
-        loop.max_batches = max(combined.limits)  # (each limit is already at most its loader's length)
-    _set_val_check_batch(trainer, loop.max_batches)
-
-
-def _set_val_check_batch(trainer: Any, batches: int | float) -> None:
-    """Lightning's ``val_check_batch`` for an epoch of ``batches``, where Lightning derives it from the
-    epoch's length (a float ``val_check_interval``): it computes it once, from epoch 0's, so a longer
-    epoch validated mid-way and not at its end, and a shorter one never validated. Left alone: an int
-    interval, a time-based one, or an epoch of no length (``inf``)."""
-    interval, current = trainer.val_check_interval, trainer.val_check_batch
-    if isinstance(interval, int) or getattr(trainer, "_val_check_time_interval", None) is not None:
-        return
-    if current is None or current == float("inf") or batches == float("inf") or batches == 0:
-        return
-    trainer.val_check_batch = max(1, int(batches * interval))  # (as Lightning's fit loop computes it)
-
-
-def _limited(batches: int, limit: int | float | None) -> int | float:
-    """``batches`` after Lightning's ``limit_train_batches`` (an int caps, a float is a fraction)."""
-    if limit is None or batches == 0:
-        return batches
-    if isinstance(limit, int):
-        return min(batches, limit)
-    return int(batches * limit)
 
 
 def _epoch_done(trainer: Any) -> bool:

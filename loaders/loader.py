@@ -23,6 +23,7 @@ from torch.utils.data._utils.collate import default_convert
 
 from cachebuild.errors import PassSupersededError, SharedMemoryError
 from loaders.batch import Batch, PackedBatch
+from loaders.epoch_start import EpochStartSampler
 from loaders.fork_settle import settle_before_fork
 from loaders.handover import Handover, clean_worker_error
 from loaders.shared_pools import SharedPools, shared_pools_for
@@ -55,6 +56,7 @@ class StreamLoader(DataLoader[Any]):
         self.share_pools = shared_pools
         self._ahead: Handover | None = None
         super().__init__(stream.for_loader(), batch_size=None, **kwargs)
+        object.__setattr__(self, "sampler", EpochStartSampler(self))  # (torch refuses a sampler for an IterableDataset; loaders.epoch_start)
         self._lookahead = 0
         self._new_slots()
 
@@ -165,15 +167,18 @@ class StreamLoader(DataLoader[Any]):
         self._new_slots()
 
     def note_lookahead(self, n: int) -> None:
-        """A consumer (``to_device``) took ``n`` batches ahead of the trainer (negative: handed them over).
-
-        ``state_dict`` leaves batches taken ahead out of the position.
-        """
+        """A consumer (``to_device``) took ``n`` batches ahead of the trainer (negative: handed them over);
+        ``state_dict`` leaves batches taken ahead out of the position."""
         self._lookahead += n
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next pass (see :meth:`ShardStream.set_epoch`)."""
         self.stream.set_epoch(epoch)
+
+    def prepare_pass(self) -> None:
+        """Decide the next pass now, so ``len(loader)`` is its epoch's; the next ``iter()`` runs it (:mod:`loaders.epoch_start`)."""
+        if not self.stream._progress.unread:
+            self.stream.begin_pass()
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer's position: batches it received, minus any a wrapper took ahead."""
@@ -280,8 +285,7 @@ def shm_free_bytes(path: str = SHM_PATH) -> int | None:
 
 
 def slot_count(prefetch_factor: int) -> int:
-    """Shared-memory batch slots per worker: the batches in flight, two spare, and the zero-copy
-    batches a consumer may hold (see :mod:`loaders.slots`)."""
+    """Shared-memory batch slots per worker: the batches in flight, two spare, and the zero-copy batches a consumer may hold (:mod:`loaders.slots`)."""
     return prefetch_factor + 2 + ZERO_COPY_HELD
 
 

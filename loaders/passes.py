@@ -13,7 +13,13 @@ The rule, the same wherever the stream is iterated:
   epoch again: then that epoch's remaining batches, none).
 
 A pass left unfinished (a ``break``) still counts: the next ``iter()`` starts
-the next epoch. Only the newest pass counts: ``load_state_dict``, ``set_epoch``
+the next epoch. A loader's pass that no batch was taken from yet (one begun
+ahead by :meth:`~loaders.StreamLoader.prepare_pass`, as Lightning's epoch start
+does, or an ``iter()`` whose iterator was dropped unread, as Lightning's
+``reload_dataloaders_every_n_epochs`` does) is not left: the next ``iter()``
+runs it, the same epoch from the same start on the same generations (one with
+no batch to hand out is left as any other). Only the newest pass counts:
+``load_state_dict``, ``set_epoch``
 to another epoch, or a new pass **supersede** a pass still being iterated (each
 pass holds a token they retire), and its next ``next()`` raises
 :class:`~cachebuild.errors.PassSupersededError` instead of building a batch
@@ -84,8 +90,13 @@ class Progress:
         self.batches = 0
         self.token = 0  # the counting pass's; load, set_epoch (another epoch) and begin retire it
         self._retired_by = ""
+        self.rerun = False  # the last begin ran an unread pass again
+        self.unread = False  # a loader's pass was begun and no batch of it taken yet: the next begin runs it again
+        self.passes = 0  # passes begun (not counting a pass run again)
+        self.told = False  # set_epoch or load_state_dict was called
 
     def set_epoch(self, epoch: int) -> None:
+        self.unread, self.told = False, True
         if epoch != self.epoch:  # (the same epoch: a running pass goes on counting where it is)
             self.epoch, self.position, self.resume, self.batches = epoch, 0, False, 0
             self._retire(f"set_epoch({epoch})")
@@ -93,6 +104,7 @@ class Progress:
 
     def load(self, epoch: int, position: int, batches: int) -> None:
         self.epoch, self.position, self.resume, self.batches, self.pinned = epoch, position, True, batches, False
+        self.unread, self.told = False, True
         self._retire("load_state_dict()")
 
     def _retire(self, why: str) -> None:
@@ -111,18 +123,21 @@ class Progress:
 
     def next_pass(self) -> tuple[int, int]:
         """``(epoch, start)`` the next pass would run, before :meth:`begin` (a resumed position may be the epoch's end)."""
-        if self.resume:
+        if self.resume or self.unread:
             return self.epoch, self.position
         return (self.epoch, 0) if self.pinned else (self.epoch + 1, 0)
 
     def begin(self, world_size: int, finished: Finished) -> int:
-        """Start a pass by the rule above; returns its start (global batches of the epoch already consumed)."""
+        """Start a pass by the rule above; returns its start (global batches of the epoch already consumed).
+        A pass still :attr:`unread` is run again (:attr:`rerun` tells; its caller keeps its generations)."""
+        self.rerun = self.unread and world_size == self.world_size
         epoch, start = self.next_pass()
-        if not self.pinned and finished(epoch, start):  # a state saved at the end of an epoch: the next one follows
+        if not self.rerun and not self.pinned and finished(epoch, start):  # a state saved at the end of an epoch: the next one follows
             epoch, start = epoch + 1, 0
-        if epoch != self.epoch or not self.resume:
+        if not self.rerun and (epoch != self.epoch or not self.resume):
             self.batches = 0
-        self.epoch, self.position, self.resume, self.pinned, self.counted = epoch, start, False, False, True
+        self.passes += 0 if self.rerun else 1
+        self.epoch, self.position, self.resume, self.pinned, self.counted, self.unread = epoch, start, False, False, True, False
         self.world_size = world_size
         self._retire("iter()")  # the pass begun here counts under the new token (its caller reads it)
         return start
@@ -130,6 +145,7 @@ class Progress:
     def advance(self, n: int = 1) -> None:
         self.position += n * self.world_size
         self.batches += n
+        self.unread = False
 
 
 class Control:

@@ -197,8 +197,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
 
     def world(self) -> World:
         """Rank and world size as they are now (explicit arguments, else torch.distributed)."""
-        rank, ws = detect_ranks(self._rank, self._world_size)
-        return World(rank, ws)
+        return World(*detect_ranks(self._rank, self._world_size))
 
     def __len__(self) -> int:
         """Batches each rank yields in a whole epoch (same for every rank)."""
@@ -290,13 +289,14 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         return driven
 
     def begin_pass(self) -> World:
-        """Main process, before a loader's pass: resolve the world, fix the start, tell the workers."""
-        world = self.world()
-        start = self._progress.begin(world.world_size, self._finished(world.world_size))
-        if start == 0:
+        """Main process, before a loader's pass: resolve the world, fix the start (a pass not read yet: again), tell the workers."""
+        world, p = self.world(), self._progress
+        start = p.begin(world.world_size, self._finished(world.world_size))
+        if start == 0 and not p.rerun:  # (a pass run again keeps its generations: the length a trainer was told holds)
             refresh_generations(self)
+        p.unread = self.plan(p.epoch).steps(world.world_size, start) > 0  # (an empty one is no pass to run again: loaders.passes)
         self._control.hand_generation(self.generations)
-        self._control.hand_pass(self._progress.epoch, start, world.rank, world.world_size)
+        self._control.hand_pass(p.epoch, start, world.rank, world.world_size)
         return world
 
     def __iter__(self) -> Iterator[Any]:
