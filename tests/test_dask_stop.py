@@ -148,14 +148,15 @@ def test_ctrl_c_in_a_terminal_stops_the_builds_own_cluster_promptly(tmp_path):
     """Ctrl-C in a terminal reaches every process of the build's process group, the build's own Dask workers
     included: they died with two tracebacks, their tasks never ended, and the build waited 120 s in silence.
     Now they ignore it, the build says that it waits for its running shards, which stop at their next block
-    without publishing, and it leaves; the rerun equals a clean build."""
+    without publishing, and it leaves, its cluster's scratch folder removed; the rerun equals a clean build."""
     user, hold = tmp_path / "user", tmp_path / "hold"
     user.mkdir()
     (user / "daskuser.py").write_text(CLI_USER_CODE)
     (user / "recipe.toml").write_text(f'kind = "daskuser:make"\nrecords = {RECORDS}\n[params]\nhold = "{hold}"\n[build]\nshard_mb = 0.0016\n')
-    out = tmp_path / "out"
+    out, own_tmp = tmp_path / "out", tmp_path / "tmp"  # (a TMPDIR of its own: the cluster's scratch folder goes too)
+    own_tmp.mkdir()
     hold.touch()
-    proc = subprocess.Popen(_cli(out, "dask"), cwd=user, env=CLI_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(_cli(out, "dask"), cwd=user, env={**CLI_ENV, "TMPDIR": str(own_tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         # both workers' shards being written (held mid-block): the first one alone left a race with the second's start
@@ -180,6 +181,7 @@ def test_ctrl_c_in_a_terminal_stops_the_builds_own_cluster_promptly(tmp_path):
         proc.communicate()  # (its pipes closed)
     assert proc.returncode == 130 and err == "interrupted: rerun the same command to resume\n", err[-4000:]
     assert took < 30, took
+    assert list(own_tmp.iterdir()) == []
     assert not [p.name for p in out.iterdir() if p.name.startswith("shard-")], sorted(out.iterdir())  # nothing published, temporary files removed
     for target in (tmp_path / "clean", out):
         res = subprocess.run(_cli(target, "threading"), cwd=user, env=CLI_ENV, capture_output=True, text=True, timeout=120)

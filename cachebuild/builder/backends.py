@@ -9,7 +9,9 @@ the build lock, with the process's GC threshold still raised for them: :mod:`cac
 Dask: with an address, the build connects to that scheduler; without one, a
 ``LocalCluster`` of ``workers`` single-threaded processes on 127.0.0.1 is started for
 the build and closed after it (its HTTP server on a free port: the default 8787 may be
-another cluster's, and Dask then warns). The shards are submitted to the cluster
+another cluster's, and Dask then warns; its scheduler's and workers' local directory a
+temporary folder of the build's own, removed after it: Dask's default
+``$TMPDIR/dask-scratch-space`` stayed behind). The shards are submitted to the cluster
 directly, not through joblib's Dask backend, which runs every job in the calling
 process when the cluster has a single worker thread. Each job travels as cloudpickle
 bytes: Dask pickles a task with the standard pickle first, which names a user's module
@@ -47,6 +49,7 @@ import logging
 import os
 import re
 import signal
+import tempfile
 import threading
 import uuid
 import warnings
@@ -81,10 +84,33 @@ def _dask_client(address: str | None, workers: int) -> Iterator[Any]:
         finally:
             client.close()
         return
-    with _quiet_worker_asyncio(), _children_ignore_ctrl_c():
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0", silence_logs=logging.CRITICAL)
-    with cluster, Client(cluster, set_as_default=False) as client:
-        yield client
+    with _own_scratch() as scratch:
+        with _quiet_worker_asyncio(), _children_ignore_ctrl_c():
+            cluster = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=":0",
+                silence_logs=logging.CRITICAL,
+                local_directory=scratch,
+                scheduler_kwargs={"local_directory": scratch},
+            )
+        with cluster, Client(cluster, set_as_default=False) as client:
+            yield client
+
+
+@contextlib.contextmanager
+def _own_scratch() -> Iterator[str]:
+    """A folder of the build's own for its own cluster's local directory (scheduler and workers), removed
+    when the cluster has closed (the build's end, an error, Ctrl-C). Dask's default, shared
+    ``$TMPDIR/dask-scratch-space``, kept its lock files after every build. Made where Dask's
+    ``temporary-directory`` setting says (a user's fast local disk), else in ``$TMPDIR``."""
+    import dask
+
+    where = dask.config.get("temporary-directory", None) or None
+    with tempfile.TemporaryDirectory(prefix="cachebuild-dask-", dir=where, ignore_cleanup_errors=True) as scratch:
+        yield scratch
 
 
 @contextlib.contextmanager

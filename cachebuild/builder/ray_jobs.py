@@ -20,6 +20,13 @@ Why tasks and not Ray's joblib backend (which the build used before):
   They are not cancelled with Ray's ``KeyboardInterrupt``: in Ray 2.60 cancelling a task as it
   completes crashed the driver ("Tried to complete task that was not pending"), seen once in
   three interrupted builds.
+* A Ctrl-C while the build's local Ray starts (``ray.init``, seconds) or while a task is being
+  submitted is held back until that step is done, then raised
+  (:func:`cachebuild.builder.stop.ctrl_c_held`; at a start the build says so, and a second Ctrl-C
+  leaves at once): a ``KeyboardInterrupt`` half-way through ``ray.init`` sometimes ended the build
+  with SIGSEGV, death by SIGINT or a traceback (``docs/DECISIONS.md`` has the rates), and a task
+  submitted but not yet counted would have been neither waited for nor killed. A connection to a
+  running cluster stays interruptible (it may retry for 40 s).
 
 Ray's own log lines in this process (``ray.init``'s "Started a local Ray instance", "Connecting to
 existing Ray cluster", the note that token authentication is on for the local Ray it starts) are
@@ -43,7 +50,7 @@ import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 from cachebuild.builder.cluster_check import ray_connect_env, ray_connects
-from cachebuild.builder.stop import QUIET_WAIT_S, announce_wait
+from cachebuild.builder.stop import QUIET_WAIT_S, announce_wait, ctrl_c_held
 from cachebuild.errors import CacheBuildError, ConfigError
 
 __all__ = ["CPU_CHECK_S", "MAX_RETRIES", "STOP_WAIT_S", "ray_jobs"]
@@ -51,6 +58,7 @@ __all__ = ["CPU_CHECK_S", "MAX_RETRIES", "STOP_WAIT_S", "ray_jobs"]
 STOP_WAIT_S = 120.0
 """How long a stopped Ray build waits for its running tasks to end before killing them."""
 _TOKEN_NOTE = "Token authentication is enabled for this Ray cluster"
+_STARTING = "stopping: the build's local Ray is starting; the build stops once it has (a few seconds); press Ctrl-C again to leave now."
 CPU_CHECK_S = 5.0
 """With ``workers=None``: how often a build looks at the cluster's CPUs again while no shard finishes
 (a head with no CPUs of its own runs one shard until worker nodes join; then as many as they have)."""
@@ -108,14 +116,16 @@ def _ray_session(address: str | None, quiet: bool = False) -> Iterator[Any]:
             import ray
         except ImportError as exc:
             raise ConfigError("backend 'ray' needs the ray extra: pip install 'cachebuild[ray]'") from exc
-        started = False
+        started, came = False, []
         if not ray.is_initialized():
             note = logging.getLogger("ray._private.authentication.authentication_token_setup")
             quiet_note = _NoTokenNote()
-            if not ray_connects(address):
+            local = not ray_connects(address)
+            if local:
                 note.addFilter(quiet_note)
             try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR if quiet else logging.WARNING)
+                with ctrl_c_held(local, _STARTING) as came:  # (a local start: seconds; a connection may retry for 40 s)
+                    ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR if quiet else logging.WARNING)
             except ConnectionError as exc:  # a port that accepted the TCP check but did not answer as Ray
                 where = address or os.environ.get("RAY_ADDRESS") or "a new local Ray"
                 raise ConfigError(f"cannot connect to the Ray cluster at {where}: {' '.join(str(exc).split())}{_token_hint(exc)}") from None
@@ -123,6 +133,8 @@ def _ray_session(address: str | None, quiet: bool = False) -> Iterator[Any]:
                 note.removeFilter(quiet_note)
             started = True
     try:
+        if came:  # Ctrl-C while the local Ray started: raised now, with Ray whole, and shut down
+            raise KeyboardInterrupt
         yield ray
     finally:
         if started:
@@ -160,13 +172,16 @@ def ray_jobs(fn: Callable[..., Any], items: Sequence[Any], args: tuple, address:
         try:
             while True:
                 limit = workers if workers is not None else _cluster_cpus(ray)  # (nodes that join, or leave, count as they do)
-                while len(pending) < limit:
-                    job = next(jobs, None)
-                    if job is None:
-                        break
-                    ref = task.remote(job[1])
-                    pending.append(ref)
-                    item_of[ref] = job[0]
+                with ctrl_c_held() as came:  # (a task submitted is counted before a Ctrl-C can leave: waited for, or killed)
+                    while len(pending) < limit:
+                        job = next(jobs, None)
+                        if job is None:
+                            break
+                        ref = task.remote(job[1])
+                        pending.append(ref)
+                        item_of[ref] = job[0]
+                if came:
+                    raise KeyboardInterrupt
                 if not pending:
                     return
                 done, pending = ray.wait(pending, num_returns=1, timeout=None if workers is not None else CPU_CHECK_S)

@@ -20,12 +20,14 @@ at 256 MB), and it was silent.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-__all__ = ["BuildStopped", "CHECK_EVERY_S", "QUIET_WAIT_S", "announce_wait", "stop_check", "raise_if_stopped"]
+__all__ = ["BuildStopped", "CHECK_EVERY_S", "QUIET_WAIT_S", "announce_wait", "ctrl_c_held", "stop_check", "raise_if_stopped"]
 
 CHECK_EVERY_S = 0.5
 QUIET_WAIT_S = 0.5
@@ -78,3 +80,31 @@ def announce_wait(running: int, until: str, if_left: str = "") -> None:
     ``if_left``: what Ctrl-C then costs) and that Ctrl-C leaves at once."""
     shards = f"{running} running shard{'' if running == 1 else 's'}"
     _log.warning(f"stopping: waiting for {shards} {until}; press Ctrl-C to leave now{if_left}. A rerun of the same command resumes.")
+
+
+@contextmanager
+def ctrl_c_held(hold: bool = True, say: str = "") -> Iterator[list[int]]:
+    """Run the block with Ctrl-C held back: a first SIGINT meanwhile is noted in the list yielded (the caller
+    raises ``KeyboardInterrupt`` for it after the block, where its clean-up will run) and ``say`` is logged
+    (it tells the user what is awaited); a second one raises at once (the user would rather leave). For steps
+    that a ``KeyboardInterrupt`` leaves half done: a local Ray's start (interrupted, the build could die with
+    SIGSEGV or SIGINT, or print a traceback, at its exit) and a task's submission (a task submitted but not
+    yet counted was neither waited for nor killed). Only where Python's own handler is in place, in the main
+    thread (a program's own SIGINT handler is left alone); ``hold`` False: the block runs as it is."""
+    came: list[int] = []
+    if not hold or threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield came
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        if came:
+            raise KeyboardInterrupt
+        came.append(signum)
+        if say:
+            _log.warning(say)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
