@@ -1,27 +1,23 @@
 """``ShardStream``: a streaming ``IterableDataset`` of fixed-shape batches from a cache directory.
 
-It composes the parts: the manifest (what the cache holds), a view (how
-records become batches, :mod:`loaders.views`), the epoch plan (which items go
-in which batch, :mod:`loaders.plan`), the block reader (records by id from
-memory-mapped shards, :mod:`cachebuild.format.reader` and :mod:`cachebuild.format.decode`) and the world (rank, worker,
-:mod:`loaders.world`, read when iteration starts). Batches are built whole,
-where the stream runs (a DataLoader worker, or the main process), so the
-DataLoader is used with ``batch_size=None``.
+It composes the parts: the manifest (what the cache holds), a view (how records become batches,
+:mod:`loaders.views`), the epoch plan (which items go in which batch, :mod:`loaders.plan`), the block
+reader (records by id from memory-mapped shards, :mod:`cachebuild.format.reader` and
+:mod:`cachebuild.format.decode`) and the world (rank, worker, :mod:`loaders.world`, read when iteration
+starts). Batches are built whole, where the stream runs (a DataLoader worker, or the main process), so
+the DataLoader is used with ``batch_size=None``.
 
-The cache may be a local folder (or ``file://`` URL), or remote
-(``http(s)://``, ``s3://``, any fsspec URL): then every process fetches only
-the shards its own batches touch, in the order it touches them and a few
-ahead, into a bounded local cache directory (:mod:`loaders.remote`), and
-closes each shard's mapping once its batches are built.
+The cache may be a local folder (or ``file://`` URL), or remote (``http(s)://``, ``s3://``, any fsspec
+URL): then every process fetches only the shards its own batches touch, in the order it touches them
+and a few ahead, into a bounded local cache directory (:mod:`loaders.remote`), and closes each shard's
+mapping once its batches are built.
 
-Which epoch each pass runs follows one rule (:mod:`loaders.passes`): every
-new ``iter()`` starts the next epoch unless ``set_epoch`` or
-``load_state_dict`` said otherwise. Progress (epoch, global position) lives in
-the main process's stream object; DataLoader workers receive the epoch, start
-position and world at the start of every pass through a small shared-memory
-block, which also reaches persistent workers. Workers of other DataLoaders
-(plain torch, torchdata's ``StatefulDataLoader``) apply the rule themselves
-from the same block, and save and load their own position (torchdata).
+Which epoch each pass runs follows one rule (:mod:`loaders.passes`): every new ``iter()`` starts the
+next epoch unless ``set_epoch`` or ``load_state_dict`` said otherwise. Progress (epoch, global
+position) lives in the main process's stream object; DataLoader workers receive the epoch, start
+position and world at the start of every pass through a small shared-memory block, which also reaches
+persistent workers. Workers of other DataLoaders (plain torch, torchdata's ``StatefulDataLoader``)
+apply the rule themselves from the same block, and save and load their own position (torchdata).
 """
 
 from __future__ import annotations
@@ -180,15 +176,17 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         """The plan of ``epoch`` (default: the current one), cached for the last epoch asked."""
         epoch = self._progress.epoch if epoch is None else epoch
         if self._plan_cache is None or self._plan_cache[0] != (self.generations, epoch):
-            c = self.config
-            if self.mixture is not None:
-                plan = self.mixture.plan(epoch, self.items_per_record, c, self.view.mix, self.view.chunk)
-            else:
-                order = epoch_order(self._counts, c.seed, epoch, c.shuffle, c.window)
-                order = self.view.arrange(order, self._shards, int(self._counts.sum()), c.seed, epoch, c.shuffle)  # oversampling, length buckets
-                plan = EpochPlan.from_order(order, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.drop_last, self.view.mix, self.view.chunk)
-            self._plan_cache = ((self.generations, epoch), plan)
+            self._plan_cache = ((self.generations, epoch), self.make_plan(epoch))
         return self._plan_cache[1]
+
+    def make_plan(self, epoch: int) -> EpochPlan:
+        """The plan of ``epoch`` at the generations read now, built anew (:meth:`plan` caches one)."""
+        c = self.config
+        if self.mixture is not None:
+            return self.mixture.plan(epoch, self.items_per_record, c, self.view.mix, self.view.chunk)
+        order = epoch_order(self._counts, c.seed, epoch, c.shuffle, c.window)
+        order = self.view.arrange(order, self._shards, int(self._counts.sum()), c.seed, epoch, c.shuffle)  # oversampling, length buckets
+        return EpochPlan.from_order(order, self.items_per_record, c.batch_size, c.seed, epoch, c.shuffle, c.drop_last, self.view.mix, self.view.chunk)
 
     @property
     def generations(self) -> tuple[int, ...]:
@@ -361,7 +359,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         threads = 1 if shared else (self._decode_threads or min(4, os.cpu_count() or 1))
         store = getattr(self.view, "store", None)
         if store is not None:
-            store.attach(self.shared_pools if shared else None, worker, ahead=not shared)  # (the trainer's process may decode ahead)
+            store.attach(self.shared_pools if shared else None, worker, ahead=None if shared else self.make_plan)  # (the trainer's process decodes ahead)
         opens = closes = None
         if self.remote is not None:  # fetch this process's shards in order of use; close each after its last batch
             shards.release()  # anything a pass left open (an aborted pass, batch())

@@ -38,7 +38,7 @@ from loaders.plan import BatchItems, EpochPlan
 from loaders.pools import auto_mix
 from loaders.ragged import DEFAULT_BUCKET_BATCHES, bucket_order
 from loaders.views.base import ShapesFn, View, array_fields, check_mixing, copy_repeats, field_layout, require_fields
-from loaders.views.records_pool import pool_fields, read_rows, row_items, shape_mask, write_pool
+from loaders.views.records_pool import first_pool, pool_fields, read_rows, row_items, shape_mask, write_pool
 from loaders.views.store import RecordStore
 
 __all__ = ["RecordsView", "shape_mask"]
@@ -107,7 +107,7 @@ class RecordsView(View):
         self.mix = _check_mix(mix, schemas, self.bucket_by)
         self.store: RecordStore | None = None
         if self.mix is not None:  # pools of whole members, decoded once and kept padded
-            self.store = RecordStore(pool_fields(schemas), self._decode_into, ahead=True)  # (loaders.views.records_pool, pool_ahead)
+            self.store = RecordStore(pool_fields(schemas), self._decode_into, first_pool)  # (loaders.views.records_pool, pool_ahead)
             self.pool_part = POOL_PART  # (workers sharing a pool's decode take parts this large)
 
     def options(self) -> dict[str, Any]:

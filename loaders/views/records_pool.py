@@ -36,7 +36,7 @@ from cachebuild.format.segments import small_int
 from loaders.plan import BatchItems, EpochPlan
 from loaders.views.store import Dense
 
-__all__ = ["pool_fields", "is_flat", "write_pool", "read_rows", "row_items", "shape_mask"]
+__all__ = ["pool_fields", "is_flat", "write_pool", "read_rows", "row_items", "plan_key", "first_pool", "shape_mask"]
 
 
 def is_flat(schema: Any) -> bool:
@@ -140,6 +140,19 @@ def shape_mask(shapes: np.ndarray, max_shape: Sequence[int], out: np.ndarray) ->
             out &= idx < lim
 
 
+def plan_key(plan: EpochPlan) -> tuple[Any, ...]:
+    """What a pooled batch names its plan by (a store keeps its regions while it is the same)."""
+    assert plan.pools is not None, "a pooled plan"
+    return (plan.seed, plan.epoch, len(plan.order), len(plan.pools), plan.chunk)
+
+
+def first_pool(plan: EpochPlan) -> tuple[tuple[Any, ...], int, np.ndarray] | None:
+    """``(plan key, plan fingerprint, record ids)`` of ``plan``'s first pool (a store decodes it ahead), or ``None``."""
+    if plan.pools is None:
+        return None
+    return plan_key(plan), plan.fingerprint(), plan.pool_records(0)
+
+
 def row_items(plan: EpochPlan, b: int) -> BatchItems:
     """Batch ``b`` of a pooled plan with one entry per row (``unique`` repeats a record where padding
     does): each row's pool and place, what the record store reads, without the plan's search for the
@@ -148,5 +161,4 @@ def row_items(plan: EpochPlan, b: int) -> BatchItems:
     pool, place, items, is_pad = plan.pool_rows(b)
     records = plan.order[plan.pools[pool] + place]
     rows = np.arange(len(records), dtype=np.int64)
-    key = (plan.seed, plan.epoch, len(plan.order), len(plan.pools), plan.chunk)  # (the plan's pools: a store keeps its regions while it is the same)
-    return BatchItems(b, records, items, is_pad, records, rows, rows, pool, place, plan.pool_size, plan.pool_span, key, plan.pool_records, plan.fingerprint())
+    return BatchItems(b, records, items, is_pad, records, rows, rows, pool, place, plan.pool_size, plan.pool_span, plan_key(plan), plan.pool_records, plan.fingerprint())

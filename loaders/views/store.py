@@ -32,7 +32,7 @@ import numpy as np
 
 from loaders.plan import BatchItems
 from loaders.shared_pools import SharedPools
-from loaders.views.pool_ahead import AheadDecode
+from loaders.views.pool_ahead import PROTECTED, AheadPools, FirstPool
 from cachebuild.format.reader import ShardSet
 
 __all__ = ["Dense", "DecodeInto", "RecordStore"]
@@ -54,36 +54,37 @@ DecodeInto = Callable[[ShardSet, np.ndarray, dict[str, np.ndarray], np.ndarray],
 class RecordStore:
     """Decoded, padded records of the pools the current batch touches (see the module docstring)."""
 
-    def __init__(self, fields: dict[str, Dense], decode: DecodeInto, ahead: bool = False):
+    def __init__(self, fields: dict[str, Dense], decode: DecodeInto, first_pool: FirstPool | None = None):
         self.fields = dict(fields)
         self.decode = decode
         self.decodes = 0  # records decoded so far by this process (for tests and benchmarks)
         self.shared: SharedPools | None = None  # pools shared with the other workers (set in a worker)
         self.worker = 0
-        self.ahead = ahead  # may decode the next pool in a thread (loaders.views.pool_ahead), where attach() allows
-        self._ahead_now = False
-        self._pending: AheadDecode | None = None
+        # decodes ahead in a thread (loaders.views.pool_ahead), for a store given first_pool, where attach() allows
+        self.ahead: AheadPools | None = AheadPools(first_pool) if first_pool is not None else None
         self.clear()
 
-    def attach(self, shared: SharedPools | None, worker: int, ahead: bool = False) -> None:
+    def attach(self, shared: SharedPools | None, worker: int, ahead: Callable[[int], Any] | None = None) -> None:
         """Use ``shared`` (the loader's pools shared between its workers) as this worker ``worker``;
-        ``ahead``: this process may decode the next pool in a thread (the trainer's process)."""
+        ``ahead`` (the plan of an epoch, in the trainer's process): decode the next pool in a thread."""
         self.shared, self.worker = shared, worker
-        self._ahead_now = self.ahead and ahead and shared is None
+        if self.ahead is not None:
+            self.ahead.plans = ahead if shared is None else None
 
     def clear(self) -> None:
         """Forget every decoded record (and free their memory)."""
-        self._drop_ahead()
+        if self.ahead is not None:
+            self.ahead.drop()
         self.arrays: dict[str, np.ndarray] | None = None
-        self.size = self.span = 0
+        self.size = self.span = self.regions = 0
         self.held = np.zeros(0, np.int64)  # pool id per region, -1 when free
         self.epoch_key: tuple[Any, ...] | None = None
         self.done = np.zeros(0, bool)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)  # a pickled stream (DataLoader workers) carries no decoded records
-        state.update(arrays=None, size=0, span=0, held=np.zeros(0, np.int64), epoch_key=None, done=np.zeros(0, bool), shared=None, worker=0)
-        state.update(_pending=None, _ahead_now=False)
+        state.update(arrays=None, size=0, span=0, regions=0, held=np.zeros(0, np.int64), epoch_key=None, done=np.zeros(0, bool), shared=None, worker=0)
+        state["ahead"] = AheadPools(self.ahead.first_pool) if self.ahead is not None else None  # (no thread, no plan maker)
         return state
 
     def _alloc(self, rows: int) -> dict[str, np.ndarray]:
@@ -104,18 +105,22 @@ class RecordStore:
             got = self.shared.take(items, self.worker, lambda ids, rows, arrays: self._decode(shards, ids, arrays, rows), zero)
             if got is not None:
                 return got
-        if self.arrays is None or (items.pool_size, items.pool_span) != (self.size, self.span):
-            self._drop_ahead()
-            self.size, self.span = items.pool_size, items.pool_span
-            self.arrays = self._alloc(self.size * self.span)
-            self.held = np.full(self.span, -1, np.int64)
-            self.done = np.zeros(self.size * self.span, bool)
+        ahead = self.ahead if self.ahead is not None and self.ahead.plans is not None else None
+        regions = items.pool_span + (1 if ahead is not None else 0)  # (one more: the next epoch's first pool, decoded ahead)
+        if self.arrays is None or (items.pool_size, items.pool_span, regions) != (self.size, self.span, self.regions):
+            if self.ahead is not None:
+                self.ahead.drop()
+            self.size, self.span, self.regions = items.pool_size, items.pool_span, regions
+            self.arrays = self._alloc(self.size * regions)
+            self.held = np.full(regions, -1, np.int64)
+            self.done = np.zeros(self.size * regions, bool)
         if items.plan_key != self.epoch_key:
-            self._drop_ahead()
             self.held[:] = -1
+            if self.ahead is not None:
+                self.ahead.new_plan(self, items)
             self.epoch_key = items.plan_key
-        if self._pending is not None and not self._may_pass(items.pool):
-            self._wait_ahead()
+        if ahead is not None:
+            ahead.before(self, items.pool)
         region = self._regions(items.pool)
         where = region * self.size + items.pool_index
         missing = np.flatnonzero(~self.done[where])
@@ -125,60 +130,9 @@ class RecordStore:
                 ids, dest = self._whole_pools(items, region, missing)
             self._decode(shards, ids, self.arrays, dest)
             self.done[dest] = True
-        if self._ahead_now and self._pending is None:
-            self._start_ahead(shards, items)
+        if ahead is not None:
+            ahead.after(self, shards, items)
         return self.arrays, where
-
-    def _may_pass(self, pools: np.ndarray) -> bool:
-        """Whether a batch of ``pools`` can be served beside the pending decode: it needs neither the pending
-        pool nor a pool that is not held (a decode, or a region the thread may be writing)."""
-        assert self._pending is not None
-        lo, hi = int(pools.min()), int(pools.max())
-        held = set(self.held.tolist()) - {self._pending.pool}
-        return lo in held and hi in held and (lo == hi or set(np.unique(pools).tolist()) <= held)
-
-    def _start_ahead(self, shards: ShardSet, items: BatchItems) -> None:
-        """Decode the pool after this batch's in a thread, into the region no pool of this batch holds;
-        only once the batch lies wholly in one pool (batches across two still read the previous one)."""
-        assert items.pool is not None and items.pool_records is not None and self.arrays is not None
-        q = int(items.pool[0])
-        if int(items.pool.min()) != q or int(items.pool.max()) != q or q + 1 in self.held:
-            return
-        try:
-            ids = items.pool_records(q + 1)
-        except IndexError:  # (the epoch's last pool)
-            return
-        free = [r for r, p in enumerate(self.held.tolist()) if p != q]
-        if not free or not 0 < len(ids) <= self.size:
-            return
-        r = free[0]
-        lo, hi = r * self.size, (r + 1) * self.size
-        for name, arr in self.arrays.items():
-            if self.fields[name].zero:
-                arr[lo:hi] = 0
-        self.done[lo:hi] = False
-        self.held[r] = q + 1
-        arrays = self.arrays
-        self._pending = AheadDecode(q + 1, r, ids, lo + np.arange(len(ids), dtype=np.int64), lambda i, d: self.decode(shards, i, arrays, d))
-
-    def _wait_ahead(self) -> None:
-        """Wait for the pending decode and mark its rows decoded (a failed one leaves its region free, and raises)."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        try:
-            pending.wait()
-        except BaseException:
-            self.held[pending.region] = -1
-            raise
-        self.done[pending.dest] = True
-        self.decodes += pending.count
-
-    def _drop_ahead(self) -> None:
-        """Wait for a pending decode whose pool will not be used (another plan, new regions, cleared); forget it."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.thread.join()
 
     def finish_batch(self) -> None:
         """The batch :meth:`rows` served is built: shared regions it read may be reused."""
@@ -208,7 +162,7 @@ class RecordStore:
         one = len(pools) > 0 and int(pools.min()) == int(pools.max())
         need = pools[:1] if one else np.unique(pools)  # (most batches lie in one pool: no sort)
         wanted = set(need.tolist())
-        free = [r for r, q in enumerate(self.held.tolist()) if q not in wanted]
+        free = [r for r, q in enumerate(self.held.tolist()) if q not in wanted and q != PROTECTED]
         region_of = {}
         for q in need.tolist():
             hit = np.flatnonzero(self.held == q)
