@@ -1,0 +1,57 @@
+"""Review of the ``records`` view's pooled mode (``mix=``): cases a user meets that the first tests missed.
+
+Each test failed before its fix (docs/DECISIONS.md, "Review of pooled records reads").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachebuild import FunctionSource, build
+from loader_fixtures import Reference, padded
+from loaders import ShardStream, make_loader
+
+MAX_LEN = 60
+
+
+def _record(rng: np.random.Generator, index: int) -> dict:
+    n = int(rng.integers(0, MAX_LEN + 1))
+    values = rng.normal(size=n).astype(np.float32)
+    values[rng.random(n) < 0.2] = np.nan
+    return {"tok": rng.integers(-5, 5000, size=n).astype(np.int32), "val": values, "lab": np.array(index % 7, np.int64)}
+
+
+FIELDS = {"tok": "int32", "val": "float32", "lab": "int64"}
+
+
+@pytest.fixture(scope="module", params=[{"pack": 64, "share": 2048}, {"pack": 1}], ids=["shared", "pack1"])
+def cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pooledreview") / "cache"
+    build(FunctionSource.per_record(_record, FIELDS), root, records=700, workers=1, shard_mb=0.05, progress=False, **request.param)
+    return root
+
+
+def _epoch(stream: ShardStream, workers: int = 0) -> list[dict[str, np.ndarray]]:
+    return [{k: v.numpy().copy() for k, v in b.items()} for b in make_loader(stream, num_workers=workers)]
+
+
+def _check(batches: list[dict[str, np.ndarray]], ref: Reference) -> list[int]:
+    for b in batches:
+        for i, rid in enumerate(b["record_id"].tolist()):
+            want = ref.record(rid)
+            for name in ("tok", "val"):
+                assert b[name][i].tobytes() == padded(want[name], (MAX_LEN,)).tobytes(), (rid, name)
+                assert b[f"{name}_shape"][i].tolist() == [len(want[name])]
+            assert int(b["lab"][i]) == int(want["lab"])
+    return sorted(r for b in batches for r in b["record_id"][~b["is_pad"]].tolist())
+
+
+@pytest.mark.parametrize("mix, batch_size", [(40, 100), (50, 60)])
+def test_batches_spanning_several_pools_hold_their_records_values(cache: Path, mix: int, batch_size: int) -> None:
+    # A batch over two or more pools decoded them in one call; a flat (1-d ragged) field laid that call's
+    # records out across both regions, and the region reused first overwrote the other pool's records.
+    batches = _epoch(ShardStream(cache, view="records", batch_size=batch_size, seed=5, mix=mix))
+    assert _check(batches, Reference(cache)) == list(range(700))
