@@ -55,3 +55,48 @@ def test_batches_spanning_several_pools_hold_their_records_values(cache: Path, m
     # records out across both regions, and the region reused first overwrote the other pool's records.
     batches = _epoch(ShardStream(cache, view="records", batch_size=batch_size, seed=5, mix=mix))
     assert _check(batches, Reference(cache)) == list(range(700))
+
+
+def test_a_ctrl_c_while_waiting_for_the_ahead_decode_leaves_it_pending(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C in a batch waiting for the next pool's decode (a notebook's interrupted loop): the store forgot the
+    # decode still running and freed its region, so the next pass's pools could be decoded into that region
+    # while the old thread still wrote into it. Now the decode stays pending and the next pass waits for it.
+    import threading
+    import time
+
+    from loaders.views import records as records_view
+    from loaders.views.pool_ahead import AheadDecode
+
+    real_decode, real_wait = records_view.RecordsView._decode_into, AheadDecode.wait
+    slow = {"left": 1}
+
+    def decode(self: records_view.RecordsView, *args: object) -> None:
+        if threading.current_thread().name.startswith("cachebuild-pool-") and slow["left"]:
+            slow["left"] -= 1
+            time.sleep(0.8)  # (the decode the Ctrl-C interrupts the wait for)
+        real_decode(self, *args)  # type: ignore[arg-type]
+
+    interrupted = {"left": 1}
+
+    def wait(self: AheadDecode) -> BaseException | None:
+        if interrupted["left"]:
+            interrupted["left"] -= 1
+            raise KeyboardInterrupt  # (as SIGINT does in the main thread's join)
+        return real_wait(self)
+
+    monkeypatch.setattr(records_view.RecordsView, "_decode_into", decode)
+    monkeypatch.setattr(AheadDecode, "wait", wait)
+    stream = ShardStream(cache, view="records", batch_size=32, seed=9, mix=100)
+    loader = make_loader(stream, num_workers=0)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in loader:
+            pass
+    orphan = [t for t in threading.enumerate() if t.name.startswith("cachebuild-pool-") and t.is_alive()]
+    assert orphan, "the interrupted decode is still running"
+    batches = []
+    for b in loader:  # the next pass (epoch 1)
+        if not batches:
+            assert not any(t.is_alive() for t in orphan), "the new pass waited for the old decode before using its regions"
+            time.sleep(1.0)  # (before the fix, the old decode then overwrote this pass's next pool)
+        batches.append({k: v.numpy().copy() for k, v in b.items()})
+    assert _check(batches, Reference(cache)) == list(range(700))

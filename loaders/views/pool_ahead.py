@@ -39,8 +39,8 @@ class AheadDecode:
         except BaseException as exc:  # (raised to the batch that waits for it)
             self.error = exc
 
-    def wait(self) -> None:
-        """Return once the decode is done; raise what it raised."""
+    def wait(self) -> BaseException | None:
+        """Return once the decode is done: what it raised, or ``None``. (It does not raise: a caller
+        tells a failed decode from a Ctrl-C during the wait, and forgets the decode only once it ended.)"""
         self.thread.join()
-        if self.error is not None:
-            raise self.error
+        return self.error

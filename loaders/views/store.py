@@ -164,22 +164,23 @@ class RecordStore:
 
     def _wait_ahead(self) -> None:
         """Wait for the pending decode and mark its rows decoded (a failed one leaves its region free, and raises)."""
-        pending, self._pending = self._pending, None
+        pending = self._pending
         if pending is None:
             return
-        try:
-            pending.wait()
-        except BaseException:
+        error = pending.wait()  # (forgotten only once it ended: a Ctrl-C here leaves it pending, so no batch takes its region under it)
+        self._pending = None
+        if error is not None:
             self.held[pending.region] = -1
-            raise
+            raise error
         self.done[pending.dest] = True
         self.decodes += pending.count
 
     def _drop_ahead(self) -> None:
         """Wait for a pending decode whose pool will not be used (another plan, new regions, cleared); forget it."""
-        pending, self._pending = self._pending, None
+        pending = self._pending
         if pending is not None:
-            pending.thread.join()
+            pending.wait()  # (then forgotten: a Ctrl-C while waiting leaves it pending)
+            self._pending = None
 
     def finish_batch(self) -> None:
         """The batch :meth:`rows` served is built: shared regions it read may be reused."""
