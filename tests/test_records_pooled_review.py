@@ -93,7 +93,7 @@ def test_a_ctrl_c_while_waiting_for_the_ahead_decode_leaves_it_pending(cache: Pa
             pass
     orphan = [t for t in threading.enumerate() if t.name.startswith("cachebuild-pool-") and t.is_alive()]
     assert orphan, "the interrupted decode is still running"
-    batches = []
+    batches: list[dict[str, np.ndarray]] = []
     for b in loader:  # the next pass (epoch 1)
         if not batches:
             assert not any(t.is_alive() for t in orphan), "the new pass waited for the old decode before using its regions"
