@@ -100,3 +100,13 @@ def test_a_ctrl_c_while_waiting_for_the_ahead_decode_leaves_it_pending(cache: Pa
             time.sleep(1.0)  # (before the fix, the old decode then overwrote this pass's next pool)
         batches.append({k: v.numpy().copy() for k, v in b.items()})
     assert _check(batches, Reference(cache)) == list(range(700))
+
+
+@pytest.mark.parametrize("mix", [0, -3, 100.0, "Auto", [100], True])
+def test_every_bad_mix_gets_the_same_line_naming_auto(cache: Path, mix: object) -> None:
+    # mix=0 said "mix must be >= 1 records per pool or None", leaving out "auto"; "x" said both
+    from cachebuild.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="mix must be >= 1 records per pool, 'auto' or None") as err:
+        ShardStream(cache, view="records", batch_size=32, mix=mix)
+    assert "\n" not in str(err.value)
