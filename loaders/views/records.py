@@ -107,7 +107,7 @@ class RecordsView(View):
         self._sizes: np.ndarray | None = None
         self.mix = _check_mix(mix, schemas, self.bucket_by)
         self.store: RecordStore | None = None
-        if self.mix is not None:  # pools of whole members, decoded once and kept padded
+        if self.mix is not None:  # pools of whole shared frames, decoded once and kept (loaders.views.records_pool)
             self.store = RecordStore(pool_fields(schemas), self._decode_into, ahead=True)  # (loaders.views.records_pool, pool_ahead)
             self.pool_part = POOL_PART  # (workers sharing a pool's decode take parts this large)
 
