@@ -246,5 +246,5 @@ def shared_pools_for(view: Any, plan: Any, workers: int, context: Any) -> Shared
     if need > _MAX_SHARE_OF_SHM * room:
         return None
     lock = (context if context is not None else __import__("multiprocessing")).Lock()
-    part = max(1, int(getattr(view, "pool_part", None) or PART_RECORDS))  # (a view whose records share frames decodes whole members)
+    part = max(1, int(getattr(view, "pool_part", None) or PART_RECORDS))  # (a view whose records share frames decodes whole frames)
     return SharedPools(fields, size, regions, workers, lock, part_records=part)

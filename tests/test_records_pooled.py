@@ -1,10 +1,10 @@
-"""The ``records`` view's pooled mode (``mix=``): whole packed members per pool, decoded once, same records.
+"""The ``records`` view's pooled mode (``mix=``): whole shared zstd frames per pool, decoded once, same records.
 
 What it must keep (DESIGN's promises): every record exactly once per epoch, the values of each record
 (checked against records read one by one with ``tarfile`` + ``zstd``, :class:`loader_fixtures.Reference`),
 zero padding and masks, the same batches at any worker count, exact resume, and a plan that is a pure
 function of (seed, epoch). What it trades, by design: a batch draws from its pool (``mix`` records,
-whole members), not from the whole cache; the tests pin that down too, so a change to it is seen.
+whole frames), not from the whole cache; the tests pin that down too, so a change to it is seen.
 """
 
 from __future__ import annotations

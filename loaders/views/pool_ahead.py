@@ -63,11 +63,11 @@ class AheadDecode:
         except BaseException as exc:  # (raised to the batch that waits for it)
             self.error = exc
 
-    def wait(self) -> None:
-        """Return once the decode is done; raise what it raised."""
+    def wait(self) -> BaseException | None:
+        """Return once the decode is done: what it raised, or ``None``. (It does not raise: a caller
+        tells a failed decode from a Ctrl-C during the wait, and forgets the decode only once it ended.)"""
         self.thread.join()
-        if self.error is not None:
-            raise self.error
+        return self.error
 
 
 class AheadPools:
@@ -79,10 +79,11 @@ class AheadPools:
         self.pending: AheadDecode | None = None
 
     def drop(self) -> None:
-        """Forget the pending decode (waited for: its thread writes into the store's arrays)."""
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            pending.thread.join()
+        """Forget the pending decode once it has ended (its thread writes into the store's arrays: a Ctrl-C
+        while waiting leaves it pending, so no batch takes its region under it)."""
+        if self.pending is not None:
+            self.pending.wait()
+            self.pending = None
 
     def new_plan(self, store: RecordStore, items: BatchItems) -> None:
         """The batches moved to another plan (regions just freed): keep a decode made ahead for it, or drop it."""
@@ -110,14 +111,14 @@ class AheadPools:
 
     def wait(self, store: RecordStore) -> None:
         """Wait for the pending decode and mark its rows decoded (a failed one frees its region, and raises)."""
-        p, self.pending = self.pending, None
+        p = self.pending
         if p is None:
             return
-        try:
-            p.wait()
-        except BaseException:
+        error = p.wait()  # (forgotten only once it ended: a Ctrl-C here leaves it pending)
+        self.pending = None
+        if error is not None:
             store.held[p.region] = -1
-            raise
+            raise error
         store.done[p.dest] = True
         store.decodes += p.count
 

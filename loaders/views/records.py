@@ -66,10 +66,11 @@ def _check_mix(mix: Any, schemas: Sequence[Any], bucket_by: str | None) -> int |
     if mix is None:
         return None
     if bucket_by is not None:
-        raise ConfigError(f"view 'records': mix = {mix!r} and bucket_by = {bucket_by!r} cannot be combined (pools keep packed members together; buckets group records by length)")
+        raise ConfigError(f"view 'records': mix = {mix!r} and bucket_by = {bucket_by!r} cannot be combined (pools keep each shared frame's records together; buckets group records by length)")
+    whole = isinstance(mix, (int, np.integer)) and not isinstance(mix, bool) and mix >= 1
+    if not whole and not (isinstance(mix, str) and mix == "auto"):
+        raise ConfigError(f"view 'records': mix must be >= 1 records per pool, 'auto' or None (no pools), got {mix!r}")
     if isinstance(mix, str):
-        if mix != "auto":
-            raise ConfigError(f"view 'records': mix must be >= 1 records per pool, 'auto' or None (no pools), got {mix!r}")
         mix = auto_mix(sum(int(np.prod(f.max_shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize + 8 * f.ndim for f in schemas))
     if not schemas:
         raise ConfigError("view 'records': mix needs at least one array field to batch")

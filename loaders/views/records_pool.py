@@ -57,7 +57,10 @@ def pool_fields(schemas: Sequence[Any]) -> dict[str, Dense]:
 
 
 def write_pool(blocks: dict[str, FieldBlock], schemas: Sequence[Any], arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
-    """Decoded ``blocks`` (block row ``i`` = store row ``dest[i]``) into the store's ``arrays``."""
+    """Decoded ``blocks`` (block row ``i`` = store row ``dest[i]``) into the store's ``arrays``.
+
+    ``dest`` must lie in one region of the store (:meth:`loaders.views.store.RecordStore._by_region`):
+    a flat field's records may be laid out anywhere in the rows ``dest`` spans, and regions are reused one by one."""
     consecutive = len(dest) > 0 and int(dest[-1]) - int(dest[0]) + 1 == len(dest) and bool((np.diff(dest) == 1).all())
     for f in schemas:
         blk, data = blocks[f.name], arrays[f.name]

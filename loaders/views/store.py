@@ -128,7 +128,8 @@ class RecordStore:
             ids, dest = items.unique[missing], where[missing]
             if items.pool_records is not None:  # the rest of these pools too: one decode call per pool, not per batch
                 ids, dest = self._whole_pools(items, region, missing)
-            self._decode(shards, ids, self.arrays, dest)
+            for part in self._by_region(dest):
+                self._decode(shards, ids[part], self.arrays, dest[part])
             self.done[dest] = True
         if ahead is not None:
             ahead.after(self, shards, items)
@@ -156,6 +157,17 @@ class RecordStore:
             ids.append(members[todo])
             rows.append(dest[todo])
         return np.concatenate(ids), np.concatenate(rows)
+
+    def _by_region(self, dest: np.ndarray) -> list[slice | np.ndarray]:
+        """``dest``'s entries grouped by region, one group per decode call: a decode may lay its records
+        out across all the rows it is given (the ``records`` view's flat fields, :mod:`loaders.views.records_pool`),
+        and regions are reused one by one, so no call may span two."""
+        region = dest // self.size
+        if len(dest) == 0 or int(region.min()) == int(region.max()):
+            return [slice(None)]
+        by = np.argsort(region, kind="stable")
+        cuts = np.flatnonzero(np.diff(region[by])) + 1
+        return list(np.split(by, cuts))
 
     def _regions(self, pools: np.ndarray) -> np.ndarray:
         """The region of each entry of ``pools``; pools not held yet take regions no pool of this batch holds."""
