@@ -46,6 +46,7 @@ from loaders.slots import SlotRings
 from loaders.state import PlanConfig, cache_fingerprint, check_position, check_state, check_worker_state, make_state, make_worker_state, plan_args
 from loaders.views import make_view
 from loaders.shard_window import AUTO_WINDOW, batch_shards, check_rank, resolve_window, shard_schedule
+from loaders.worker_signals import leave_ctrl_c_to_the_trainer
 from loaders.world import World, detect_ranks, process_group_world, worker_part
 
 __all__ = ["ShardStream"]
@@ -324,6 +325,7 @@ class ShardStream(IterableDataset[dict[str, Any]]):
         ids = plan.rank_batches(world.world_size, world.rank, start)[world.worker :: world.num_workers][skip:]
         if in_worker:
             tune_malloc()  # a DataLoader worker: a process the loader owns
+            leave_ctrl_c_to_the_trainer()
         else:
             settle_heap()  # the trainer's process (a DataLoader at 0 workers)
         rings = self.slot_rings if in_worker and self._emit_packed else None
