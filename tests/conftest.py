@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from cachebuild.builder import BuildOptions, build_cache
-from cachebuild.format.codec import Codec
-from cachebuild.testing import ToySource
-from fork_runner import ForkServer
+# Dask clusters the tests start themselves (a user's running cluster) keep their scratch space ("dask-scratch-space",
+# made by the scheduler and the workers) in a folder of this session's, removed at its end, not in /tmp for good
+# (a build's own cluster uses a private folder anyway: cachebuild/builder/backends.py). Set before dask is imported,
+# and inherited by the scripts tests start.
+_DASK_TMP = tempfile.mkdtemp(prefix="cachebuild-tests-dask-")
+os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", _DASK_TMP)
+atexit.register(shutil.rmtree, _DASK_TMP, True)
+
+from cachebuild.builder import BuildOptions, build_cache  # noqa: E402
+from cachebuild.format.codec import Codec  # noqa: E402
+from cachebuild.testing import ToySource  # noqa: E402
+from fork_runner import ForkServer  # noqa: E402
 
 
 def build_toy(out: Path, records: int = 600, codec: Codec = Codec(), shard_bytes: int = 20_000, workers: int = 1, seed: int = 0, **kw):
