@@ -96,8 +96,29 @@ def _dask_client(address: str | None, workers: int) -> Iterator[Any]:
                 local_directory=scratch,
                 scheduler_kwargs={"local_directory": scratch},
             )
-        with cluster, Client(cluster, set_as_default=False) as client:
-            yield client
+        try:
+            with Client(cluster, set_as_default=False) as client:
+                yield client
+        finally:
+            _close_own_cluster(cluster)
+
+
+CLOSE_S = 30.0
+"""How long the build's own Dask cluster may take to close before its worker processes are killed."""
+
+
+def _close_own_cluster(cluster: Any) -> None:
+    """Close the build's own ``LocalCluster``, at most :data:`CLOSE_S`; then kill its worker processes that are
+    left. A cluster whose worker a task had killed (``os._exit``, the OOM killer) once waited for ever in
+    ``close()`` for the restarted worker to answer (CI run 42: the build hung after its one-line error was due)."""
+    import multiprocessing
+
+    try:
+        cluster.close(timeout=CLOSE_S)
+    except Exception:  # (distributed's TimeoutError, or a close that failed half-way)
+        for child in multiprocessing.active_children():  # the workers are this process's children (Nanny)
+            with contextlib.suppress(Exception):
+                child.kill()
 
 
 @contextlib.contextmanager
