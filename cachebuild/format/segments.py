@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
-__all__ = ["Segments", "segments_of", "length_mask", "small_int"]
+__all__ = ["Segments", "segments_of", "length_mask", "small_int", "window_rows"]
 
 
 @dataclass
@@ -46,13 +45,11 @@ class Segments:
         return first
 
     def _windows(self, wide: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(win, first)``: a read-only view ``win[p] = data[p : p + wide]`` for every start ``p`` of the
-        joined data (followed by ``wide`` zeros so the last records' windows stay inside it: one copy of
-        the block's data, the same join :meth:`_flat` makes when zstd left several buffers), and each
-        record's first element."""
+        """``(data, first)``: the joined data followed by ``wide`` zeros, so that every record's window of
+        ``wide`` elements (:func:`window_rows`) stays inside it (one copy of the block's data, the same
+        join :meth:`_flat` makes when zstd left several buffers), and each record's first element."""
         data = np.concatenate([*self.buffers, np.zeros(wide, self.buffers[0].dtype)])
-        size = data.itemsize
-        return as_strided(data, shape=(len(data) - wide + 1, wide), strides=(size, size), writeable=False), self._firsts()
+        return data, self._firsts()
 
     def _source(self, pick: np.ndarray) -> np.ndarray:
         """The elements of records ``pick`` (positions in this object), one after the other: one gather."""
@@ -96,8 +93,8 @@ class Segments:
         wide = int(length.max()) if len(length) else 0
         if wide == 0:
             return
-        win, first = self._windows(wide)
-        np.copyto(out[:, :wide], win[first[pick]], where=mask[:, :wide])
+        data, first = self._windows(wide)
+        np.copyto(out[:, :wide], window_rows(data, first[pick], wide), where=mask[:, :wide])
 
     def pack_into(self, out: np.ndarray, base: int, room: int) -> np.ndarray:
         """Every record into the 1-d ``out``, within its ``room`` elements from ``base``; returns each
@@ -141,15 +138,29 @@ class Segments:
         wide = int(self.length.max()) if n else 0
         if wide == 0:
             return
-        win, first = self._windows(wide)
+        data, first = self._windows(wide)
         target = dest[self.rows]
         by_row = np.argsort(target, kind="stable")
         for a in range(0, n, slab):  # (one step per slab of thousands of records, not per record)
             pick = by_row[a : a + slab]
             rows = target[pick]
             lo, hi = int(rows[0]), int(rows[-1]) + 1
-            # (a fancy index of the windows, not np.take: take first copies a strided source whole)
-            out[slice(lo, hi) if hi - lo == len(rows) else rows, :wide] = win[first[pick]]
+            out[slice(lo, hi) if hi - lo == len(rows) else rows, :wide] = window_rows(data, first[pick], wide)
+
+
+def window_rows(flat: np.ndarray, starts: np.ndarray, wide: int) -> np.ndarray:
+    """``[len(starts), wide]``, row ``i`` = ``flat[starts[i] : starts[i] + wide]`` (1-d contiguous ``flat``;
+    every start at most ``len(flat) - wide``).
+
+    Each window is one element of a ``void`` dtype as wide as the window, in a strided view of ``flat``
+    (no copy): the fancy index copies each window whole, where over a 2-d ``[start, element]`` window
+    view it copies element by element (256 windows of ~500 int32 from a 64 MB pool, gather and mask:
+    70-72 vs 102-104 us; docs/DECISIONS.md, "Pooled records: each window copied whole"). (Not
+    ``np.take``: it first copies a strided source whole.)"""
+    size = flat.itemsize
+    window = np.dtype((np.void, wide * size))
+    windows = np.ndarray(shape=(len(flat) - wide + 1,), dtype=window, buffer=flat, strides=(size,))
+    return windows[starts].view(flat.dtype).reshape(len(starts), wide)
 
 
 def small_int(top: int) -> type[np.signedinteger]:

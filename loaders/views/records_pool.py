@@ -15,8 +15,8 @@ between DataLoader workers by :mod:`loaders.shared_pools`), one row per record:
   fit: ``b - a`` records of at most the max length), and ``field_at`` holds
   each record's first element in the flattened field (no padded row written,
   no element index where the buffers fit: :meth:`~cachebuild.format.segments.Segments.pack_into`).
-  A batch row is a window of the flat data starting at the record (as
-  :meth:`cachebuild.format.segments.Segments.fill_masked`).
+  A batch row is a window of the flat data starting at the record
+  (:func:`_read_flat`).
   Records a decode gets in other rows, or whose data zstd left unaligned, take
   their padded row (``field_at`` = the row's first element) instead.
 
@@ -29,10 +29,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from cachebuild.format.decode import FieldBlock
-from cachebuild.format.segments import small_int
+from cachebuild.format.segments import small_int, window_rows
 from loaders.plan import BatchItems, EpochPlan
 from loaders.views.store import Dense
 
@@ -97,24 +96,31 @@ def read_rows(arrays: dict[str, np.ndarray], row: np.ndarray, schemas: Sequence[
 
 
 def _read_flat(flat: np.ndarray, at: np.ndarray, length: np.ndarray, out: np.ndarray, mask: np.ndarray) -> None:
-    """``out[i] = flat[at[i] : at[i] + length[i]]`` then zeros: each row a window of the flat data as wide
-    as the batch's longest record, copied whole, then zeroed past the record (``mask``, its length's)."""
+    """``out[i] = flat[at[i] : at[i] + length[i]]``, zero beyond (``mask``: the lengths' mask, ``out``'s shape).
+
+    Each row is a window of the flat data from its record's first element (:func:`window_rows`: copied
+    whole), zeroed past the record through the mask. Where the batch's widest record is at least half
+    the row (the usual case), the windows are as wide as the row, so the copy and the zeroing are one
+    contiguous multiply into the batch; else as wide as the widest record, the rest of the row zeroed."""
     wide = int(length.max()) if len(length) else 0
-    out[:, wide:] = 0
     if wide == 0:
+        out[...] = 0
         return
+    if 2 * wide >= out.shape[1] and len(flat) >= out.shape[1] and out.flags.c_contiguous:
+        wide = out.shape[1]
+    else:
+        out[:, wide:] = 0
     limit = len(flat) - wide  # the last start whose window stays inside the array
-    size = flat.itemsize
-    win = as_strided(flat, shape=(limit + 1, wide), strides=(size, size), writeable=False)
-    gathered = win[np.minimum(at, limit)]
-    for i in np.flatnonzero(at > limit).tolist():  # (records ending in the array's last window: a few at most)
-        gathered[i, : int(length[i])] = flat[int(at[i]) : int(at[i]) + int(length[i])]
+    gathered = window_rows(flat, np.minimum(at, limit), wide)
     rows, inside = out[:, :wide], mask[:, :wide]
     if rows.dtype.kind in "biu":  # (the copy and the zeroing in one pass)
         np.multiply(gathered, inside, out=rows)
     else:  # (bytes past a record may read as NaN: NaN * 0 is NaN)
         rows[...] = 0
         np.copyto(rows, gathered, where=inside)
+    for i in np.flatnonzero(at > limit).tolist():  # (records in the array's last window: a few at most)
+        n = int(length[i])
+        out[i, :n] = flat[int(at[i]) : int(at[i]) + n]
 
 
 def _zero_outside(data: np.ndarray, mask: np.ndarray) -> None:
