@@ -160,7 +160,8 @@ def window_rows(flat: np.ndarray, starts: np.ndarray, wide: int) -> np.ndarray:
     size = flat.itemsize
     window = np.dtype((np.void, wide * size))
     windows = np.ndarray(shape=(len(flat) - wide + 1,), dtype=window, buffer=flat, strides=(size,))
-    return windows[starts].view(flat.dtype).reshape(len(starts), wide)
+    rows: np.ndarray = windows[starts].view(flat.dtype).reshape(len(starts), wide)
+    return rows
 
 
 def small_int(top: int) -> type[np.signedinteger]:
