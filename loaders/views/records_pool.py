@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from cachebuild.format.decode import FieldBlock
-from cachebuild.format.segments import small_int, window_rows
+from cachebuild.format.segments import length_mask, small_int, window_rows
 from loaders.plan import BatchItems, EpochPlan
 from loaders.views.store import Dense
 
@@ -138,6 +138,9 @@ def shape_mask(shapes: np.ndarray, max_shape: Sequence[int], out: np.ndarray) ->
     nd = len(max_shape)
     if nd == 0:
         out[...] = True
+        return
+    if nd == 1:
+        length_mask(shapes[:, 0], out)
         return
     kind = small_int(max(max_shape))
     for d, m in enumerate(max_shape):
