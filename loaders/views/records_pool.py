@@ -65,16 +65,18 @@ def write_pool(blocks: dict[str, FieldBlock], schemas: Sequence[Any], arrays: di
         blk, data = blocks[f.name], arrays[f.name]
         if f.varying_axes:
             arrays[f"{f.name}_shape"][dest] = blk.shapes
-        if is_flat(f) and blk.segments is not None and consecutive:
-            width = data.shape[1]
-            arrays[f"{f.name}_at"][dest] = blk.segments.pack_into(data.reshape(-1), int(dest[0]) * width, len(dest) * width)
+        if not is_flat(f):
+            blk.scatter(data, dest)
             continue
-        if is_flat(f):
-            arrays[f"{f.name}_at"][dest] = dest * data.shape[1]
-            if blk.segments is not None:
-                blk.segments.scatter_windows(data, dest)
-                continue
-        blk.scatter(data, dest)
+        width = data.shape[1]
+        if blk.segments is None:  # (records zstd left unaligned: padded rows)
+            arrays[f"{f.name}_at"][dest] = dest * width
+            blk.scatter(data, dest)
+        elif consecutive:  # (a whole pool or part: flat)
+            arrays[f"{f.name}_at"][dest] = blk.segments.pack_into(data.reshape(-1), int(dest[0]) * width, len(dest) * width)
+        else:  # (rows spread over the region: each record at its row's start)
+            arrays[f"{f.name}_at"][dest] = dest * width
+            blk.segments.scatter_windows(data, dest)
 
 
 def read_rows(arrays: dict[str, np.ndarray], row: np.ndarray, schemas: Sequence[Any], out: dict[str, np.ndarray], mask_of: Any) -> None:
