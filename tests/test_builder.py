@@ -99,6 +99,17 @@ def test_bad_outputs(tmp_path):
             build_toy(ro / "c")
 
 
+def test_foreign_folder_is_not_written(tmp_path):
+    """A stranger's folder is refused before anything is written there, not even the build lock (its mtime stays)."""
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("x")
+    os.utime(foreign, ns=(10**18, 10**18))
+    with pytest.raises(OutputError, match="not a cachebuild cache"):
+        build_toy(foreign)
+    assert os.stat(foreign).st_mtime_ns == 10**18 and sorted(os.listdir(foreign)) == ["thesis.tex"]
+
+
 @pytest.mark.parametrize("bad", [0, -5])
 def test_bad_counts(tmp_path, bad):
     with pytest.raises(ConfigError, match="records"):

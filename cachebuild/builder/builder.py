@@ -31,7 +31,7 @@ from cachebuild.builder.overwrite import discard_unstarted, finish_swap, open_st
 from cachebuild.builder.output import LocalOutput, Output, open_output
 from cachebuild.builder.pack_choice import choose_pack, choose_share
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
-from cachebuild.builder.prepare import check_local, complete_read_only, prepare_out, read_only_folder, read_only_refusal, remove_leftovers
+from cachebuild.builder.prepare import check_local, complete_read_only, prepare_out, read_only_folder, read_only_refusal, refuse_foreign, remove_leftovers
 from cachebuild.builder.source import RecordSource
 from cachebuild.builder.stale import changed_inputs_note
 from cachebuild.builder.stop import raise_if_stopped
@@ -266,6 +266,7 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
             return _complete(out, manifest, t0, source)
         raise read_only_refusal(out)
     check_local(out)
+    refuse_foreign(out, out.names())  # again under the lock (prepare_out): here so a stranger's folder gets no lock file
     with build_lock(out.path):
         finish_swap(out)
         return _build(source, _with_pack(opts, record_bytes, out), out, unit, t0, per_shard)
