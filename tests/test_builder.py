@@ -169,3 +169,16 @@ def test_damaged_manifest_of_a_cache_keeps_its_shards_and_the_hint_rebuilds_it(t
     (out / "manifest.json").unlink()
     build_toy(out)
     assert _hashes(out) == before
+
+
+@pytest.mark.parametrize("command", [["generate", "--graphs", "10"], ["mel", "--synthetic", "4"]])
+def test_an_empty_out_is_refused(tmp_path, monkeypatch, command):
+    """``--out "$CACHE"`` with CACHE unset: one line, exit 2, nothing written in the working folder (it was taken as ``.``)."""
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, [*command, "--out", "", "-q"])
+    assert r.exit_code == 2 and "--out is empty" in r.output, r.output
+    assert os.listdir(tmp_path) == []

@@ -75,6 +75,8 @@ class BuildOptions:
     codec_given: bool = True  # False: codec name and level are the defaults, and an append takes the cache's own
 
     def validate(self) -> None:
+        if isinstance(self.out, str) and not self.out.strip():
+            raise ConfigError(f"--out is empty ({self.out!r}): name the cache folder or URL (an unset shell variable?)")
         if not isinstance(self.records, int) or isinstance(self.records, bool) or not 1 <= self.records <= MAX_RECORDS:
             raise ConfigError.bad_value("records", self.records, f"must be a whole number from 1 to {MAX_RECORDS}")
         if self.shard_bytes < 1:
