@@ -11,9 +11,9 @@ GRAPHS ?= 5000
 help:
 	@echo "make demo            venv + install + build a small causal cache ($(GRAPHS) graphs) + verify + inspect"
 	@echo "make test            venv + install + the test suite"
-	@echo "make lint            ruff: errors (unused or undefined names, bad defaults) in every package, test, benchmark and example"
+	@echo "make lint            ruff: errors (unused or undefined names, bad defaults) and formatting (ruff format --check) in every package, test, benchmark and example"
 	@echo "make types           mypy: cachebuild and loaders (strict on the loader, the format and the tools; pyproject.toml [tool.mypy])"
-	@echo "make check           what CI runs: lint, types, tests"
+	@echo "make check           what CI (.ci/run) runs: lint, types, tests, bench-smoke"
 	@echo "make bench           every benchmark of this tree, peers included (appends to benchmarks/RESULTS.md; ~25 min)"
 	@echo "make bench-smoke     the benchmark scripts in quick mode, with checks (tests/test_bench_quick.py; CI runs it after test)"
 	@echo "make bench-quick     every benchmark in its quick mode (BENCH_QUICK=1: tiny caches, short runs, nothing recorded; < 2 min)"

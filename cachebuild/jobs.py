@@ -9,6 +9,7 @@ from cachebuild.builder import BuildOptions, BuildSummary, build_cache
 from cachebuild.config_file import naming_recipe
 from cachebuild.errors import ConfigError
 from cachebuild.builder.mel_source import mel_source_from
+from cachebuild.causal.config import FAMILY_OF_KEY
 from cachebuild.recipes import Recipe, load_recipe
 
 __all__ = ["run_causal_build", "run_mel_build", "recipe_options", "check_family_keys", "DEFAULT_GRAPHS"]
@@ -78,10 +79,6 @@ def run_causal_build(
     return build_cache(source, opts, unit="graphs")
 
 
-_FAMILY_OF_KEY = {"graph.edge_prob": "topo", "graph.expected_degree": "er", "graph.m": "scale_free"}
-"""The graph family each size key applies to (the others ignore it)."""
-
-
 def check_family_keys(recipe: Recipe, overrides: Iterable[str], values: Mapping[str, Any]) -> None:
     """A family's size key given on the command line (``--edge-prob``, ``--set graph.m=3``) for a recipe of
     another family would be ignored: refuse it in one line (a recipe file may spell out every key). Both
@@ -89,9 +86,9 @@ def check_family_keys(recipe: Recipe, overrides: Iterable[str], values: Mapping[
     given = {k for k, v in values.items() if v is not None} | {o.split("=", 1)[0].strip() for o in overrides}
     graph = recipe.table.get("graph", {})
     family = graph.get("family", "topo") if isinstance(graph, dict) else "topo"
-    for key, owner in _FAMILY_OF_KEY.items():
+    for key, owner in FAMILY_OF_KEY.items():
         if key in given and family != owner:
-            uses = ", ".join(f"{f}: {k}" for k, f in _FAMILY_OF_KEY.items())
+            uses = ", ".join(f"{f}: {k}" for k, f in FAMILY_OF_KEY.items())
             raise ConfigError(f"config key '{key}' applies to graph.family '{owner}' only, and this recipe's family is {family!r}: it would be ignored ({uses})")
 
 

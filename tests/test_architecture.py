@@ -6,6 +6,8 @@ Read with ``ast`` (nothing is imported): every ``.py`` under ``cachebuild/`` and
 * no module over 400 lines, no function (or method) over 60 lines;
 * nothing in ``cachebuild`` imports ``loaders``, except the CLI (``cachebuild/cli/``,
   which imports it lazily inside ``cachebuild bench``);
+* ``loaders`` imports of cachebuild only the format, its errors and checks (never the
+  builder or a generator; ``tests/test_loader_import_boundary.py`` checks what importing runs);
 * no import circle among the modules of the two packages: neither through
   module-level imports nor through imports inside functions, except the few
   run-time edges named in :data:`KNOWN_LAZY_EDGES` with the reason each is there.
@@ -145,6 +147,23 @@ def test_cachebuild_never_imports_loaders_outside_the_cli():
         if dep.split(".")[0] == "loaders"
     ]
     assert not wrong, "the builder must not depend on the loader:\n" + "\n".join(wrong)
+
+
+LOADER_MAY_IMPORT = ("cachebuild.format", "cachebuild.errors", "cachebuild.checks", "cachebuild._version")
+"""What of cachebuild the loader may import (DESIGN: the loader reads the manifest, never the generator's code)."""
+
+LOADER_KNOWN_IMPORTS = {("loaders.mel_eval", "cachebuild.mel.voting"): "the deprecated alias of the mel voting, which moved there"}
+
+
+def test_the_loader_imports_only_the_format_of_cachebuild():
+    wrong = [
+        f"{name} imports {dep}"
+        for name, path in modules().items()
+        if name.startswith("loaders")
+        for dep in imported(name, path, top_level_only=False)
+        if dep.split(".")[0] == "cachebuild" and not dep.startswith(LOADER_MAY_IMPORT) and (name, dep) not in LOADER_KNOWN_IMPORTS
+    ]
+    assert not wrong, "the loader must not depend on the builder or the generators:\n" + "\n".join(wrong)
 
 
 def test_the_cli_imports_loaders_only_inside_commands():

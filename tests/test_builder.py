@@ -99,6 +99,17 @@ def test_bad_outputs(tmp_path):
             build_toy(ro / "c")
 
 
+def test_foreign_folder_is_not_written(tmp_path):
+    """A stranger's folder is refused before anything is written there, not even the build lock (its mtime stays)."""
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("x")
+    os.utime(foreign, ns=(10**18, 10**18))
+    with pytest.raises(OutputError, match="not a cachebuild cache"):
+        build_toy(foreign)
+    assert os.stat(foreign).st_mtime_ns == 10**18 and sorted(os.listdir(foreign)) == ["thesis.tex"]
+
+
 @pytest.mark.parametrize("bad", [0, -5])
 def test_bad_counts(tmp_path, bad):
     with pytest.raises(ConfigError, match="records"):
@@ -158,3 +169,16 @@ def test_damaged_manifest_of_a_cache_keeps_its_shards_and_the_hint_rebuilds_it(t
     (out / "manifest.json").unlink()
     build_toy(out)
     assert _hashes(out) == before
+
+
+@pytest.mark.parametrize("command", [["generate", "--graphs", "10"], ["mel", "--synthetic", "4"]])
+def test_an_empty_out_is_refused(tmp_path, monkeypatch, command):
+    """``--out "$CACHE"`` with CACHE unset: one line, exit 2, nothing written in the working folder (it was taken as ``.``)."""
+    from click.testing import CliRunner
+
+    from cachebuild.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, [*command, "--out", "", "-q"])
+    assert r.exit_code == 2 and "--out is empty" in r.output, r.output
+    assert os.listdir(tmp_path) == []

@@ -160,7 +160,7 @@ def test_append_where_there_is_no_cache(tmp_path: Path) -> None:
     (foreign / "notes.txt").write_text("mine")
     for target, words in ((tmp_path / "missing", "does not exist"), (foreign, "is not a cachebuild cache")):
         proc = cli("build", "--config", str(recipe), "--out", str(target), "-q", "--append", check=False)
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
+        assert proc.returncode == 3 and proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
     assert not (tmp_path / "missing").exists()
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
     proc = cli("build", "--config", str(recipe), "--out", str(tmp_path / "x"), "-q", "--keep", "2", check=False)

@@ -68,14 +68,10 @@ def _local_cache(opts: BuildOptions) -> LocalOutput:
     if not isinstance(out, LocalOutput):
         raise ConfigError(f"--append needs a local cache folder (or a shared filesystem), got {out.location}: append there, then upload")
     if not confined_file(out.path, MANIFEST_NAME, ManifestError).is_file():  # a link out of the cache, a FIFO: refused by name
-        what = (
-            "does not exist"
-            if not out.path.exists()
-            else "holds an unfinished build (rerun it without --append first)"
-            if (out.path / BUILD_RECORD).exists()
-            else "is not a cachebuild cache (no manifest.json)"
-        )
-        raise ConfigError(f"--append: {out.path} {what}; build the cache first (without --append)")
+        if (out.path / BUILD_RECORD).exists():
+            raise ConfigError(f"--append: {out.path} holds an unfinished build (rerun it without --append first); build the cache first (without --append)")
+        what = "does not exist" if not out.path.exists() else "is not a cachebuild cache (no manifest.json)"
+        raise ManifestError(f"--append: {out.path} {what}; build the cache first (without --append)")  # exit 3, as verify's
     return out
 
 

@@ -31,7 +31,7 @@ from cachebuild.builder.overwrite import discard_unstarted, finish_swap, open_st
 from cachebuild.builder.output import LocalOutput, Output, open_output
 from cachebuild.builder.pack_choice import choose_pack, choose_share
 from cachebuild.builder.plan import BLOCK_RECORDS, ShardSpec, plan_shards
-from cachebuild.builder.prepare import check_local, complete_read_only, prepare_out, read_only_folder, read_only_refusal, remove_leftovers
+from cachebuild.builder.prepare import check_local, complete_read_only, prepare_out, read_only_folder, read_only_refusal, refuse_foreign, remove_leftovers
 from cachebuild.builder.source import RecordSource
 from cachebuild.builder.stale import changed_inputs_note
 from cachebuild.builder.stop import raise_if_stopped
@@ -75,6 +75,8 @@ class BuildOptions:
     codec_given: bool = True  # False: codec name and level are the defaults, and an append takes the cache's own
 
     def validate(self) -> None:
+        if isinstance(self.out, str) and not self.out.strip():
+            raise ConfigError(f"--out is empty ({self.out!r}): name the cache folder or URL (an unset shell variable?)")
         if not isinstance(self.records, int) or isinstance(self.records, bool) or not 1 <= self.records <= MAX_RECORDS:
             raise ConfigError.bad_value("records", self.records, f"must be a whole number from 1 to {MAX_RECORDS}")
         if self.shard_bytes < 1:
@@ -266,6 +268,7 @@ def build_fresh(source: RecordSource, opts: BuildOptions, unit: str = "records")
             return _complete(out, manifest, t0, source)
         raise read_only_refusal(out)
     check_local(out)
+    refuse_foreign(out, out.names())  # again under the lock (prepare_out): here so a stranger's folder gets no lock file
     with build_lock(out.path):
         finish_swap(out)
         return _build(source, _with_pack(opts, record_bytes, out), out, unit, t0, per_shard)

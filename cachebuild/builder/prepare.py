@@ -38,7 +38,7 @@ from cachebuild.format.atomic import is_tmp_name, output_error
 from cachebuild.format.manifest import MANIFEST_NAME, READ_VERSIONS, Manifest
 from cachebuild.format.names import FORMAT_NAME
 
-__all__ = ["Prepared", "prepare_out", "check_local", "read_only_folder", "complete_read_only", "read_only_refusal", "remove_leftovers"]
+__all__ = ["Prepared", "prepare_out", "check_local", "refuse_foreign", "read_only_folder", "complete_read_only", "read_only_refusal", "remove_leftovers"]
 
 Prepared = Literal["complete", "build", "stage"]
 
@@ -56,6 +56,14 @@ def check_local(out: LocalOutput) -> None:
         raise output_error(path, exc) from exc
     if not os.access(path, os.W_OK):
         raise OutputError(f"cannot write {path}: not writable")
+
+
+def refuse_foreign(out: Output, names: list[str]) -> None:
+    """One ``OutputError`` line for a folder that holds files and no cache (a stranger's folder); called before
+    the build lock is taken too, so such a folder is never written, not even the lock file."""
+    foreign = [n for n in names if not is_ours(n)]
+    if foreign and MANIFEST_NAME not in names and BUILD_RECORD not in names:
+        raise OutputError(f"output folder {out.location} is not empty and is not a cachebuild cache (found {foreign[0]!r}); choose another --out")
 
 
 def read_only_folder(out: LocalOutput) -> bool:
@@ -144,9 +152,7 @@ def prepare_out(out: Output, doc: dict[str, Any], fingerprint: str, overwrite: b
     if isinstance(out, LocalOutput):
         check_local(out)
     names = out.names()
-    foreign = [n for n in names if not is_ours(n)]
-    if foreign and MANIFEST_NAME not in names and BUILD_RECORD not in names:
-        raise OutputError(f"output folder {out.location} is not empty and is not a cachebuild cache (found {foreign[0]!r}); choose another --out")
+    refuse_foreign(out, names)
     if MANIFEST_NAME in names:
         _check_manifest_readable(out)
     previous, previous_doc, manifest = _existing(out, names)

@@ -24,7 +24,7 @@ from pathlib import Path
 from cachebuild.builder.generation_manifest import APPEND_RECORD, listed_generations, shard_files
 from cachebuild.builder.lock import build_lock
 from cachebuild.builder.markers import BUILD_RECORD
-from cachebuild.errors import ConfigError
+from cachebuild.errors import ConfigError, ManifestError
 from cachebuild.format.generations import GENERATIONS_DIR, generation_of, lease_path, read_generation, snapshot_path, try_exclusive
 from cachebuild.format.manifest import MANIFEST_NAME, Manifest, read_manifest
 
@@ -108,7 +108,8 @@ def prune_cache(root: str | Path) -> PruneReport:
     """``cachebuild prune``: take the build lock, then prune (an unfinished append is discarded)."""
     root = Path(root)
     if not (root / MANIFEST_NAME).is_file():
-        unfinished = (root / BUILD_RECORD).is_file()  # a first build running, or interrupted: nothing to prune yet
-        raise ConfigError(f"prune: {root} " + ("holds an unfinished build (finish it first: rerun it)" if unfinished else f"is not a cachebuild cache (no {MANIFEST_NAME})"))
+        if (root / BUILD_RECORD).is_file():  # a first build running, or interrupted: nothing to prune yet
+            raise ConfigError(f"prune: {root} holds an unfinished build (finish it first: rerun it)")
+        raise ManifestError(f"prune: {root} is not a cachebuild cache (no {MANIFEST_NAME})")  # exit 3, as verify's
     with build_lock(root):
         return prune_unlocked(root)

@@ -34,6 +34,7 @@ __all__ = [
     "InterventionConfig",
     "SampleConfig",
     "FAMILIES",
+    "FAMILY_OF_KEY",
     "MECHANISMS",
     "WEIGHT_KINDS",
     "NOISE_CHOICES",
@@ -46,6 +47,8 @@ __all__ = [
 ]
 
 FAMILIES: tuple[str, ...] = ("topo", "er", "scale_free")
+FAMILY_OF_KEY: dict[str, str] = {"graph.edge_prob": "topo", "graph.expected_degree": "er", "graph.m": "scale_free"}
+"""The graph family each size key applies to (the others ignore it; ``--set`` refuses it for them)."""
 MECHANISMS: tuple[str, ...] = ("linear", "nonlinear")
 WEIGHT_KINDS: tuple[str, ...] = ("one", "signed_uniform")
 NOISE_CHOICES: tuple[str, ...] = NOISE_KINDS + ("mixed",)

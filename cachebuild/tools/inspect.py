@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -32,15 +32,29 @@ def describe_value(value: Any) -> str:
     return text if len(text) < 300 else text[:297] + "..."
 
 
-def recipe_lines(config: dict[str, Any], prefix: str = "") -> list[str]:
-    """The recipe the cache was built from, one dotted ``key = value`` per line (the form ``--set``/TOML take)."""
+def recipe_lines(config: dict[str, Any], prefix: str = "", unused: Mapping[str, str] | None = None) -> list[str]:
+    """The recipe the cache was built from, one dotted ``key = value`` per line (the form ``--set``/TOML take).
+
+    ``unused`` (dotted key -> why) turns a key into a TOML comment: a causal recipe's size key of another
+    graph family, which a recipe file may hold but ``--set`` refuses (it would be ignored)."""
     lines = []
     for key, value in config.items():
         if isinstance(value, dict):
-            lines += recipe_lines(value, f"{prefix}{key}.")
+            lines += recipe_lines(value, f"{prefix}{key}.", unused)
+        elif unused and f"{prefix}{key}" in unused:
+            lines.append(f"  # {prefix}{key} = {json.dumps(value)}  ({unused[prefix + key]})")
         else:
             lines.append(f"  {prefix}{key} = {json.dumps(value)}")
     return lines
+
+
+def _unused_family_keys(config: dict[str, Any]) -> dict[str, str]:
+    """The graph size keys of a causal recipe that its family ignores (``graph.m`` of a ``topo`` recipe), with why."""
+    from cachebuild.causal.config import FAMILY_OF_KEY
+
+    graph = config.get("graph")
+    family = graph.get("family", "topo") if isinstance(graph, dict) else None
+    return {key: f"graph.family {owner!r} only: unused here" for key, owner in FAMILY_OF_KEY.items() if family is not None and owner != family}
 
 
 def generation_lines(m: Manifest, root: Path) -> list[str]:
@@ -95,7 +109,7 @@ def inspect_cache(root: str | Path, record: int = 0) -> list[str]:
         lines += ["recipe:", *recipe_lines(m.config["mel"])]
         lines += ["source (not a recipe key):", *recipe_lines({k: v for k, v in m.config.items() if k != "mel"})]
     elif m.config:
-        lines += ["recipe:", *recipe_lines(m.config)]
+        lines += ["recipe:", *recipe_lines(m.config, unused=_unused_family_keys(m.config) if m.kind == "causal" else None)]
     lines.append("fields:")
     for f in m.fields:
         if f.dtype == JSON_DTYPE:
