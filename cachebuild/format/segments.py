@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Segments", "segments_of", "length_mask", "small_int", "window_rows"]
+__all__ = ["Segments", "segments_of", "length_mask", "small_int", "window_rows", "copy_windows"]
 
 
 @dataclass
@@ -158,11 +158,24 @@ def window_rows(flat: np.ndarray, starts: np.ndarray, wide: int) -> np.ndarray:
     view it copies element by element (256 windows of ~500 int32 from a 64 MB pool, gather and mask:
     70-72 vs 102-104 us; docs/DECISIONS.md, "Pooled records: each window copied whole"). (Not
     ``np.take``: it first copies a strided source whole.)"""
+    if wide == 0:
+        return np.empty((len(starts), 0), flat.dtype)
     size = flat.itemsize
     window = np.dtype((np.void, wide * size))
     windows = np.ndarray(shape=(len(flat) - wide + 1,), dtype=window, buffer=flat, strides=(size,))
     rows: np.ndarray = windows[starts].view(flat.dtype).reshape(len(starts), wide)
     return rows
+
+
+def copy_windows(src: np.ndarray, src_starts: np.ndarray, dst: np.ndarray, dst_starts: np.ndarray, wide: int) -> None:
+    """``dst[d : d + wide] = src[s : s + wide]`` for every pair of starts (1-d contiguous arrays of one
+    dtype; destination windows that do not overlap): each window copied whole, as :func:`window_rows`."""
+    if wide == 0 or len(src_starts) == 0:
+        return
+    size = src.itemsize
+    window = np.dtype((np.void, wide * size))
+    into = np.ndarray(shape=(len(dst) - wide + 1,), dtype=window, buffer=dst, strides=(size,))
+    into[dst_starts] = np.ndarray(shape=(len(src) - wide + 1,), dtype=window, buffer=src, strides=(size,))[src_starts]
 
 
 def small_int(top: int) -> type[np.signedinteger]:

@@ -45,6 +45,7 @@ import numpy as np
 
 from cachebuild.format.limits import MAX_NPY_HEADER
 from cachebuild.format.packing import MAX_SHARE, SHARE_BYTES
+from cachebuild.format.segments import copy_windows, window_rows
 
 __all__ = ["SHARE_BYTES", "MAX_SHARE", "NPY_ALIGN", "SHARED_LEVEL", "shared_compressor", "FrameLayout", "coincides", "declared_ok", "frame_layout", "frame_cuts", "distinct_frames", "gather_shared"]
 
@@ -163,6 +164,11 @@ def distinct_frames(shard: np.ndarray, offset: np.ndarray, shared: np.ndarray) -
     return np.flatnonzero(keep), slot
 
 
+_SIZES_BY_WINDOWS = 32
+"""At most this many distinct entry sizes: :func:`gather_shared` copies each entry whole (one gather per
+size); more (ragged records of many lengths): one element index for all."""
+
+
 def gather_shared(shared: np.ndarray, nbytes: np.ndarray, buffers: list[np.ndarray], buf_id: np.ndarray, data_off: np.ndarray, stride_ok: np.ndarray, align: int = 8) -> None:
     """Decoder: copy the data of the entries in shared frames (``shared``) into one new buffer appended to
     ``buffers``, each at a multiple of ``align`` and in block order, so records of one shape lie at a
@@ -177,10 +183,17 @@ def gather_shared(shared: np.ndarray, nbytes: np.ndarray, buffers: list[np.ndarr
     stage = np.empty((len(sel), int(padded[0])) if one_size else int(padded.sum()), np.uint8)
     for b in np.unique(src_buf).tolist() if (src_buf != src_buf[0]).any() else [int(src_buf[0])]:
         k = np.flatnonzero(src_buf == b) if len(buffers) > 1 else slice(None)
-        if one_size:  # (a fixed-size field: one 2-d gather)
-            stage[k, : int(nb[0])] = buffers[b][src[k][:, None] + np.arange(int(nb[0]))]
+        if one_size:  # (a fixed-size field: each entry's bytes copied whole, no element index)
+            stage[k, : int(nb[0])] = window_rows(buffers[b], src[k], int(nb[0]))
             continue
         count = nb[k]
+        sizes, of_size = np.unique(count, return_inverse=True)
+        if len(sizes) <= _SIZES_BY_WINDOWS:  # (a few sizes, e.g. fixed-size fields, whose first entries carry headers)
+            k = np.arange(len(sel))[k] if isinstance(k, slice) else k
+            for j, size in enumerate(sizes.tolist()):
+                of = k[of_size.reshape(-1) == j]
+                copy_windows(buffers[b], src[of], stage, dst[of], size)
+            continue
         within = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
         stage[np.repeat(dst[k], count) + within] = buffers[b][np.repeat(src[k], count) + within]
     stage = stage.reshape(-1)
