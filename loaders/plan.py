@@ -67,7 +67,7 @@ _TABLES_KEPT = 4
 
 
 def _rng(*words: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([int(w) for w in words]))
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(w) for w in words])))  # (= default_rng(SeedSequence(...)), without its checks)
 
 
 def _check_seed(seed: int, epoch: int) -> None:
@@ -348,11 +348,11 @@ class EpochPlan:
         rec, items = locate_stream(self.pool_items, self.table, total, b * B, B, pool_of)
         if self.chunk > 1:  # a chunk's rows spread over the batch (single items are in random order already)
             perm = in_batch_permutation(self.seed, self.epoch, b, B)
-            rec, items = rec[perm], items[perm]
+            rec, items = rec.take(perm), items.take(perm)
             if padded:
-                is_pad = is_pad[perm]
+                is_pad = is_pad.take(perm)
             if pool_of is not None:
-                pool_of[...] = pool_of[perm]
+                pool_of[...] = pool_of.take(perm)
         return rec, items, is_pad
 
     def pool_rows(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

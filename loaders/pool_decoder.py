@@ -52,14 +52,13 @@ class Pending(Protocol):
 
 def decode_rows(shards: ShardSet, ids: np.ndarray, decode: list[str], threads: int, host: dict[str, np.ndarray], lo: int, zero: list[str], copied: Any = None) -> None:
     """Decode the graphs ``ids`` (one pool) into rows ``lo, lo+1, ...`` of ``host`` (its padded fields ``zero``
-    zeroed first), with their record ids; after ``copied`` (the CUDA copy of those rows before), if any.
-    One block read for the pool (zstd itself is called per 4 MiB of output: ``zstd_output.CHUNK_BYTES``)."""
+    cleared of what the rows' last graphs left: :mod:`loaders.views.twins_regions`), with their record ids; after
+    ``copied`` (the CUDA copy of those rows before), if any. One block read for the pool (zstd itself is called
+    per 4 MiB of output: ``zstd_output.CHUNK_BYTES``)."""
     if copied is not None:
         copied.synchronize()
     hi = lo + len(ids)
-    for k in zero:
-        host[k][lo:hi] = 0
-    decode_twins(shards, ids, decode, threads, host, np.arange(lo, hi, dtype=np.int64))
+    decode_twins(shards, ids, decode, threads, host, np.arange(lo, hi, dtype=np.int64), zero)
     host["record_id"][lo:hi] = ids
 
 

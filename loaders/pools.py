@@ -28,7 +28,7 @@ Everything here is a pure function of integers and arrays.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -90,6 +90,10 @@ class PoolTable:
     rec: np.ndarray
     start: np.ndarray
     cum: np.ndarray
+    shift: np.ndarray = field(init=False, repr=False)  # ``start - cum[:-1]``: a position's item is the position plus its chunk's shift
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shift", self.start - self.cum[:-1])
 
     def locate(self, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(record position, item index)`` of pool-local item positions."""
@@ -101,15 +105,14 @@ class PoolTable:
     def locate_range(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`locate` of the consecutive positions ``lo, ..., hi - 1``: the chunks covering them
         are consecutive, so two searches and a repeat replace a search per position."""
-        local = np.arange(lo, hi, dtype=np.int64)
         if len(self.cum) - 1 == self.cum[-1]:
             return self.rec[lo:hi], self.start[lo:hi]
-        c0 = int(np.searchsorted(self.cum, lo, side="right")) - 1
-        c1 = int(np.searchsorted(self.cum, hi - 1, side="right")) - 1
-        cs = np.arange(c0, c1 + 1, dtype=np.int64)
-        counts = np.minimum(self.cum[cs + 1], hi) - np.maximum(self.cum[cs], lo)
-        c = np.repeat(cs, counts)
-        return self.rec[c], self.start[c] + (local - self.cum[c])
+        c0 = int(self.cum.searchsorted(lo, side="right")) - 1
+        c1 = int(self.cum.searchsorted(hi - 1, side="right")) - 1
+        edges = self.cum[c0 : c1 + 2].copy()  # the chunks' bounds, cut to [lo, hi)
+        edges[0], edges[-1] = lo, hi
+        c = np.arange(c0, c1 + 1, dtype=np.int64).repeat(np.diff(edges))
+        return self.rec.take(c), np.arange(lo, hi, dtype=np.int64) + self.shift.take(c)
 
 
 def pool_table(items: np.ndarray, first: int, chunk: int, rng: np.random.Generator) -> PoolTable:

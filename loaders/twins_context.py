@@ -54,6 +54,7 @@ from loaders.stream import ShardStream
 from loaders.pool_decoder import DECODERS, Pending, ProcessDecoder, ThreadDecoder
 from loaders.pool_schedule import Key as _Key
 from loaders.pool_schedule import REGIONS_AHEAD, batch_pools, next_use, pick_region, upcoming_pools
+from loaders.views.twins_regions import WORLDS
 
 __all__ = ["TwinsContext", "batch_pools", "REGIONS_AHEAD"]
 
@@ -269,7 +270,7 @@ class TwinsContext:
             return
         self._release()
         cuda = self.device.type == "cuda"
-        fields = {k: (f.shape, np.dtype(f.dtype).name) for k, f in self._fields().items()} | {"record_id": ((), "int64")}
+        fields = {k: (f.shape, np.dtype(f.dtype).name) for k, f in self._fields().items()} | {"record_id": ((), "int64"), WORLDS: ((), "int64")}
         decode = list(self._dims[4])
         if self.decoder == "process":
             proc = ProcessDecoder(fields, rows, decode, self.threads, self.processes)

@@ -103,6 +103,39 @@ def test_a_block_decoded_in_several_zstd_calls_equals_record_by_record(caches, n
     assert len(calls) > 5 and (chunk > 1 or set(calls) == {1}), calls
 
 
+@pytest.mark.parametrize("name", ["causal", "toy", "ragged"])
+@pytest.mark.parametrize("chunk", [1, 3000, None])
+def test_a_block_in_record_order_goes_to_zstd_by_shard_runs_and_equals_record_by_record(caches, name, chunk, monkeypatch):
+    """Records in id order (a ``twins`` pool's decode, ``shuffle=False``): the frames go to zstd as
+    ``BufferWithSegments`` runs of one shard (no memoryview per frame), in calls of ``chunk`` bytes too (one
+    frame per call at 1, a run cut by a call's end at 3000): every record's bytes are the plain read's."""
+    from cachebuild.format import decode, zstd_output
+
+    if chunk is not None:
+        monkeypatch.setattr(zstd_output, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(decode, "_RUNS_PER_FRAME", 1)  # (these small caches' shards hold few records: runs of one shard are short)
+    used = []
+    real = zstd_output.ShardFrames.collection
+    monkeypatch.setattr(zstd_output.ShardFrames, "collection", lambda self, a, b: used.append(b - a) or real(self, a, b))
+    root = caches[name]
+    ref = Reference(root)
+    m = ref.manifest
+    ids = np.arange(m.records, dtype=np.int64)[5:-3]
+    blocks = read_block(ShardStream(root, view="records", batch_size=8)._shards(), ids, m.field_names)
+    assert used and (chunk != 1 or set(used) == {1}), used
+    for f in m.fields:
+        blk = blocks[f.name]
+        if f.dtype == "json":
+            assert blk.values == [ref.record(int(r))[f.name] for r in ids]
+            continue
+        out = np.full((len(ids),) + tuple(f.max_shape), 77, dtype=f.dtype)
+        blk.scatter(out)
+        for i, rid in enumerate(ids.tolist()):
+            want = ref.record(rid)[f.name]
+            got = out[(i,) + tuple(slice(0, n) for n in want.shape)]
+            assert got.tobytes() == np.ascontiguousarray(want).tobytes(), (name, f.name, rid)
+
+
 @pytest.mark.parametrize("name", ["causal", "toy", "ragged", "ragged_raw"])
 def test_read_block_of_no_records_is_empty_blocks(caches, name):
     """No ids: a block of 0 rows per field (zstd is not asked for no frames: that crashed the interpreter)."""

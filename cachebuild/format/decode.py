@@ -44,7 +44,7 @@ from cachebuild.format.reader import ShardSet
 from cachebuild.format.rows import as_rows
 from cachebuild.format.segments import Segments, segments_of
 from cachebuild.format.shared_frames import NPY_ALIGN, declared_ok, distinct_frames, gather_shared
-from cachebuild.format.zstd_output import decompress_chunks, first_bad_frame
+from cachebuild.format.zstd_output import Payloads, ShardFrames, decompress_chunks, first_bad_frame, shard_runs
 
 try:  # ISA-L's crc32: zlib's checksum, about 4x faster (raw caches check every member read); zlib is the fallback
     from isal.isal_zlib import crc32
@@ -58,6 +58,9 @@ _LOCAL = threading.local()
 """A 1-d field whose block splits into more runs than this (many lengths) is scattered with one gather, not run by run."""
 _ITEM_RE = re.compile(r"item (\d+)")
 _THREADED_MIN_BYTES = 2 << 20
+_RUNS_PER_FRAME = 4
+"""Frames go to zstd as :class:`~cachebuild.format.zstd_output.ShardFrames` when they come in runs of one shard at
+least this long on average (one ``BufferWithSegments`` a run then costs less than a memoryview a frame)."""
 
 
 @dataclass
@@ -173,6 +176,15 @@ def _payloads(shards: ShardSet, fr: _Frames, pick: np.ndarray | slice = slice(No
     return [views[s][o : o + z] for s, o, z in zip(where, fr.offset[pick].tolist(), fr.size[pick].tolist())]
 
 
+def _frame_source(shards: ShardSet, fr: _Frames, pick: np.ndarray) -> Payloads:
+    """The frames ``pick`` for zstd: as :class:`ShardFrames` where they come in runs of one shard (a block in
+    record order: a ``twins`` pool, ~300 runs for 5,000 frames), else as a list of slices (a shuffled block)."""
+    shard = fr.shard[pick]
+    if len(shard) < _RUNS_PER_FRAME * len(shard_runs(shard)):
+        return _payloads(shards, fr, pick)
+    return ShardFrames({s: shards.shard(s).view for s in np.unique(shard).tolist()}, shard, fr.offset[pick], fr.size[pick])
+
+
 def _decompressor() -> Any:
     """This thread's zstd decompressor (made once: each batched call copies its context anyway)."""
     dctx = getattr(_LOCAL, "dctx", None)
@@ -188,7 +200,7 @@ def _decode_zstd(shards: ShardSet, ids: np.ndarray, names: list[str], fr: _Frame
     except those marked ``direct`` (read in place, through :class:`Segments`)."""
     shared = (fr.shared & 1).astype(bool)
     pick, slot = distinct_frames(fr.shard, fr.offset, shared)
-    payloads = _payloads(shards, fr, pick)
+    payloads = _frame_source(shards, fr, pick)
     dctx = _decompressor()
     if threads > 1 and int(fr.size[pick].sum()) < _THREADED_MIN_BYTES:
         threads = 1  # starting threads costs more than a small block's decompression

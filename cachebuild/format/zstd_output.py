@@ -6,12 +6,12 @@ to turn one batched decompression into strided numpy runs without a copy.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Union
 
 import numpy as np
 import zstandard
 
-__all__ = ["CHUNK_BYTES", "OutputBuffer", "decompress_chunks", "first_bad_frame", "packed_offsets"]
+__all__ = ["CHUNK_BYTES", "OutputBuffer", "ShardFrames", "decompress_chunks", "first_bad_frame", "packed_offsets"]
 
 CHUNK_BYTES = 4 << 20
 """Most decoded bytes one ``multi_decompress_to_buffer`` call returns (a block is decoded in calls of
@@ -23,6 +23,53 @@ kept hitting that: a `graphs` batch of 256 graphs (~8 MB decoded) paid 600-800 p
 1,000 graphs (~30 MB) 1,300-4,100, in processes where `tune_malloc` does not run (the trainer's own,
 at 0 workers and in `TwinsContext`). Calls of at most this size are served from the heap again.
 """
+
+
+class ShardFrames:
+    """A block's frames as ``(shard, offset, size)`` in the shards' mmaps, handed to zstd without a Python
+    object per frame: each call gets one ``BufferWithSegments`` per run of consecutive frames of one shard.
+
+    A list of memoryview slices (one per frame) costs ~0.15 us each to make, and memoryviews are tracked
+    by the garbage collector: a ``twins`` pool of 1,000 graphs (5,000 frames) made 5,000 of them, so the
+    collector ran every ~140 frames and, as they outlived its young generations, a full collection (70 ms
+    in a trainer's process with torch loaded) every few pools, stopping every thread. Worth it where the
+    frames come in long runs of one shard (a block ordered by record id); :func:`shard_runs` counts them.
+
+    Sizes: python-zstandard (0.25) checks ``decompressed_sizes`` of a ``BufferWithSegmentsCollection``
+    against the number of frames instead of bytes (``decompressor.c``), so none are passed here; zstd
+    then takes each frame's size from its header, the size the caller already checked against the index
+    (every frame must declare one), and fails a frame that decodes to another."""
+
+    def __init__(self, views: dict[int, Any], shard: np.ndarray, offset: np.ndarray, size: np.ndarray):
+        self.views = views  # shard -> a buffer of its bytes (the mmap's memoryview)
+        self.shard = shard
+        self.segments = np.stack([offset, size], axis=1).astype(np.uint64)
+        self.starts = shard_runs(shard)
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    def __getitem__(self, i: int) -> memoryview:
+        o, z = (int(x) for x in self.segments[i])
+        return memoryview(self.views[int(self.shard[i])])[o : o + z]
+
+    def collection(self, a: int, b: int) -> zstandard.BufferWithSegmentsCollection:
+        """Frames ``a .. b - 1`` as one collection (in that order)."""
+        inner = self.starts[np.searchsorted(self.starts, a, side="right") : np.searchsorted(self.starts, b, side="left")]
+        cuts = [a, *inner.tolist(), b]
+        raw = self.segments[a:b].tobytes()  # (16 bytes a frame: offset, size)
+        shard = self.shard[cuts[:-1]].tolist()
+        parts = [zstandard.BufferWithSegments(self.views[s], raw[16 * (x - a) : 16 * (y - a)]) for s, x, y in zip(shard, cuts[:-1], cuts[1:])]
+        return zstandard.BufferWithSegmentsCollection(*parts)  # type: ignore[no-untyped-call]
+
+
+def shard_runs(shard: np.ndarray) -> np.ndarray:
+    """Where each run of consecutive frames of one shard starts."""
+    starts = np.flatnonzero(shard[1:] != shard[:-1]) + 1 if len(shard) else shard[:0]
+    return np.concatenate(([0], starts)).astype(np.int64) if len(shard) else starts.astype(np.int64)
+
+
+Payloads = Union[list[Union[bytes, bytearray, memoryview]], ShardFrames]
 
 
 class OutputBuffer:
@@ -68,9 +115,10 @@ def packed_offsets(out: Any, lens: np.ndarray) -> np.ndarray | None:
 
 
 def decompress_chunks(
-    dctx: zstandard.ZstdDecompressor, payloads: list[bytes | bytearray | memoryview], sizes: np.ndarray, threads: int, chunk_bytes: int | None = None
+    dctx: zstandard.ZstdDecompressor, payloads: Payloads, sizes: np.ndarray, threads: int, chunk_bytes: int | None = None
 ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, list[Any]]:
-    """Decode ``payloads`` (declared decoded ``sizes``, uint64) in calls of about ``chunk_bytes`` (:data:`CHUNK_BYTES`).
+    """Decode ``payloads`` (a list of frames, or :class:`ShardFrames`; declared decoded ``sizes``, uint64) in calls of
+    about ``chunk_bytes`` (:data:`CHUNK_BYTES`).
 
     Returns the output buffers as numpy views, per frame its buffer number and offset in it, and the
     calls' outputs (owners of those buffers). A ``zstandard.ZstdError`` is raised as zstd raised it,
@@ -88,7 +136,10 @@ def decompress_chunks(
     buf_of, offs, owners = np.empty(n, np.int64), np.empty(n, np.int64), []
     for a, b in zip(cuts[:-1], cuts[1:]):
         try:
-            out = dctx.multi_decompress_to_buffer(payloads[a:b], decompressed_sizes=sizes[a:b].tobytes(), threads=threads)
+            if isinstance(payloads, ShardFrames):  # (sizes from the frames' headers: see ShardFrames)
+                out = dctx.multi_decompress_to_buffer(payloads.collection(a, b), threads=threads)
+            else:
+                out = dctx.multi_decompress_to_buffer(payloads[a:b], decompressed_sizes=sizes[a:b].tobytes(), threads=threads)
         except zstandard.ZstdError as exc:
             exc.item_base = a  # type: ignore[attr-defined]
             raise
@@ -107,11 +158,11 @@ def decompress_chunks(
     return buffers, buf_of, offs, owners
 
 
-def first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Sequence[bytes | bytearray | memoryview]) -> int:
+def first_bad_frame(dctx: zstandard.ZstdDecompressor, payloads: Payloads) -> int:
     """The first of ``payloads`` that zstd refuses on its own (where a batched call's error did not name the item); 0 if none."""
-    for i, p in enumerate(payloads):
+    for i in range(len(payloads)):
         try:
-            dctx.decompress(p)
+            dctx.decompress(payloads[i])
         except zstandard.ZstdError:
             return i
     return 0

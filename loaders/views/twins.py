@@ -89,6 +89,7 @@ from loaders.pools import distinct
 from loaders.pools import DEFAULT_MIX, chunk_lengths, max_records_per_batch
 from loaders.views.base import ShapesFn, View, check_mixing, pad_mask, require_fields, resolve_delta
 from loaders.views.store import Dense, RecordStore
+from loaders.views.twins_regions import WORLDS, clear_stale
 
 __all__ = ["TwinsView", "expand_compact", "max_graphs_per_batch", "max_worlds_per_batch", "DEFAULT_TWIN_CHUNK", "auto_twin_chunk", "decode_twins", "POOL_KEYS"]
 
@@ -137,13 +138,23 @@ def max_worlds_per_batch(items_per_graph: np.ndarray, batch_size: int, rows: int
     return int(min(worlds, batch_size, max(mixed, plain)))
 
 
-def decode_twins(shards: ShardSet, ids: np.ndarray, fields: list[str], threads: int, arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
-    """Decode the graphs ``ids`` into the padded ``arrays[name][dest]`` (zeroed before): ``fields``
-    (``delta`` among them when it is read) and ``n``, the nodes of each graph."""
+def decode_twins(shards: ShardSet, ids: np.ndarray, fields: list[str], threads: int, arrays: dict[str, np.ndarray], dest: np.ndarray, zero: list[str] | None = None) -> None:
+    """Decode the graphs ``ids`` into the padded ``arrays[name][dest]``: ``fields`` (``delta`` among them when it
+    is read) and ``n``, the nodes of each graph. ``zero=None``: the rows are zero before; else the padded fields
+    ``zero`` are cleared of what the rows' last graphs left (:mod:`loaders.views.twins_regions`; ``arrays`` then
+    hold each row's ``K`` too). Read in record order (the frames of a shard then come in runs, handed to zstd
+    without an object per frame; the same bytes land in the same rows)."""
+    order = np.argsort(ids, kind="stable")
+    ids, dest = ids[order], dest[order]
     blocks = read_block(shards, ids, fields, threads)
+    n, k = blocks["adj"].shapes[:, 0], blocks["int"].shapes[:, 0]
+    if zero is not None:
+        clear_stale(arrays, dest, n, k, zero)
     for name in fields:
         blocks[name].scatter(arrays[name], dest)
-    arrays["n"][dest] = blocks["adj"].shapes[:, 0]
+    arrays["n"][dest] = n
+    if zero is not None:
+        arrays[WORLDS][dest] = k
 
 
 class TwinsView(View):
