@@ -26,6 +26,7 @@ from loaders.batch import Batch, PackedBatch
 from loaders.epoch_start import EpochStartSampler
 from loaders.fork_settle import settle_before_fork
 from loaders.handover import Handover, clean_worker_error
+from loaders.planned import planned_here
 from loaders.shared_pools import SharedPools, shared_pools_for
 from loaders.slots import ZERO_COPY_HELD, SlotRings, register, unregister
 from loaders.state import make_state
@@ -114,14 +115,8 @@ class StreamLoader(DataLoader[Any]):
 
     def _planned_here(self) -> bool:
         """Whether a pass with workers is planned on the hand-over thread of this process instead of in
-        worker processes: ``twins`` batches of ``compact="pool"`` are a few index arrays whose graphs the
-        consumer's :class:`loaders.TwinsContext` decodes in this process, so a worker would only add a
-        process round trip per batch (0.5-0.7x the rows/s of 0 workers; planned here 0.8-0.97x, and still
-        ahead of the trainer's step; pinned there too, where the workers' batches are pinned by torch's
-        pin thread). A trainer that finds no batch ready plans the next one itself (``Handover(shared=True)``). Not with a ``collate_fn`` or a ``worker_init_fn`` of the caller's: those ask for the
-        workers (docs/DECISIONS.md, "`compact="pool"` batches are planned in the trainer's process")."""
-        custom = self.collate_fn is not default_convert or self.worker_init_fn is not None
-        return self.num_workers > 0 and self.handover > 0 and not custom and getattr(self.stream.view, "compact", None) == "pool"
+        worker processes (``twins`` with ``compact="pool"``, pooled ``records``: :mod:`loaders.planned`)."""
+        return planned_here(self)
 
     def _deliver(self, it: Iterator[PackedBatch], token: int) -> Iterator[Batch]:
         progress = self.stream._progress
