@@ -17,11 +17,14 @@ plan is a function of the cache, seed and epoch).
   consumer's :class:`loaders.TwinsContext` decodes in this process
   (docs/DECISIONS.md, "`compact="pool"` batches are planned in the trainer's process").
 * ``records`` with ``mix=`` (pools, on a shuffled stream): a pool is decoded once,
-  each shared frame once, by a thread that decodes the next pool while batches read
-  the current one (:mod:`loaders.views.pool_ahead`); a batch is a gather from it.
-  Workers shared each pool's decode and did not decode ahead: 2 workers read
-  0.65-0.7x the samples/s of 0 (docs/DECISIONS.md, "Pooled records reads with
-  workers: planned in the trainer's process").
+  each shared frame once, ahead of the batches that read it (:mod:`loaders.views.pool_ahead`);
+  a batch is a gather from it. Workers shared each pool's decode and did not decode
+  ahead: 2 workers read 0.65-0.7x the samples/s of 0. Planned here, the pools are
+  decoded by a process of the store's own (:mod:`loaders.views.pool_process`: no
+  decode under the trainer's GIL), and the hand-over thread builds batches only while
+  the trainer stays away longer than :data:`PATIENCE_S` (a loop that is back at once
+  builds each batch in its own ``next()``, with no hand-off; docs/DECISIONS.md,
+  "Pooled records reads with workers: planned in the trainer's process").
 
 Not with a ``collate_fn`` or a ``worker_init_fn`` of the caller's: those ask for the
 workers. A plain torch ``DataLoader`` over the stream still runs its workers (they
@@ -30,11 +33,18 @@ share pools: :mod:`loaders.shared_pools`).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from torch.utils.data._utils.collate import default_convert
 
-__all__ = ["planned_here", "pool_work_here"]
+from loaders.views.pool_process import PoolProcess
+
+__all__ = ["planned_here", "pool_work_here", "decode_where", "close_pool_process", "handover_patience", "PATIENCE_S"]
+
+PATIENCE_S = 0.25e-3
+"""How long a trainer is away before the hand-over thread builds pooled ``records`` batches ahead
+(:class:`loaders.handover.Handover`'s ``patience_s``): a loop back sooner builds each batch itself."""
 
 
 def pool_work_here(stream: Any) -> bool:
@@ -51,3 +61,31 @@ def planned_here(loader: Any) -> bool:
     rather than in worker processes (module docstring)."""
     custom = loader.collate_fn is not default_convert or loader.worker_init_fn is not None
     return loader.num_workers > 0 and loader.handover > 0 and not custom and pool_work_here(loader.stream)
+
+
+def handover_patience(loader: Any) -> float:
+    """``patience_s`` of ``loader``'s hand-over thread: :data:`PATIENCE_S` for a planned pooled ``records`` pass, else 0."""
+    view = loader.stream.view
+    pooled = planned_here(loader) and getattr(view, "name", None) == "records"
+    return getattr(loader, "patience_s", PATIENCE_S) if pooled else 0.0
+
+
+def decode_where(loader: Any) -> None:
+    """Before a pass of ``loader``: a pooled ``records`` store decodes its pools in a process of its own
+    (:mod:`loaders.views.pool_process`, started once) when the pass is planned here, in a thread otherwise."""
+    view = loader.stream.view
+    store = getattr(view, "store", None)
+    if store is None or getattr(view, "name", None) != "records":
+        return
+    here = planned_here(loader) and getattr(loader, "decode_process", True)
+    p = store.process
+    if here and (p is None or p.dead or p.owner != os.getpid()):
+        store.process = PoolProcess(store.decode)
+    store.use_process = here
+
+
+def close_pool_process(loader: Any) -> None:
+    """End the decode process of ``loader``'s store, if any (the next planned pass starts another)."""
+    store = getattr(getattr(loader, "stream", None) and loader.stream.view, "store", None)
+    if store is not None and store.process is not None:
+        store.process.close()

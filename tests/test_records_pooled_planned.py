@@ -29,6 +29,10 @@ def _children() -> int:
     return len(psutil.Process().children(recursive=True))
 
 
+def _pids() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
 def _note_worker(worker_id: int) -> None:
     pass
 
@@ -50,13 +54,15 @@ def test_pooled_batches_with_workers_are_planned_here_and_equal_those_of_zero_wo
     want = _zero_workers(shared_cache)
     for persistent, pin in ((True, False), (False, False), (False, True)):  # (pinning: only where CUDA is)
         loader = make_loader(ShardStream(shared_cache, **KW), num_workers=2, persistent_workers=persistent, pin_memory=pin)
-        before, got, decodes = _children(), [], []
+        before, got, decodes = _pids(), [], []
         for epoch in range(2):
             loader.set_epoch(epoch)
             start = loader.stream.view.store.decodes
             for batch in loader:
-                assert _children() == before  # no worker process was started for these batches
+                decoder = loader.stream.view.store.process.pid
+                assert _pids() - before <= {decoder}  # no worker process, one that decodes pools (started once)
                 got += _digest([batch])
+            assert decoder in _pids()
             decodes.append(loader.stream.view.store.decodes - start)
         assert got == want, (persistent, pin)
         ids = [np.frombuffer(dict((k, b) for k, _, _, b in d)["record_id"], np.int64) for d in got]
