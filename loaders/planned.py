@@ -77,7 +77,9 @@ def decode_where(loader: Any) -> None:
     store = getattr(view, "store", None)
     if store is None or getattr(view, "name", None) != "records":
         return
-    here = planned_here(loader) and getattr(loader, "decode_process", True)
+    # (not for a remote cache: this process's shard set fetches, and evicts from the local cache, in the
+    # order of the pass's batches, which a copy in another process would not follow)
+    here = planned_here(loader) and getattr(loader, "decode_process", True) and getattr(loader.stream, "remote", None) is None
     p = store.process
     if here and (p is None or p.dead or p.owner != os.getpid()):
         store.process = PoolProcess(store.decode)

@@ -159,3 +159,15 @@ def test_a_terminals_ctrl_c_leaves_the_decode_process_to_the_trainer(shared_cach
     assert lines[1] == "interrupted"
     assert lines[2] == f"next pass 1000 1000 {pid}", out.stdout  # the same process decoded the next epoch whole
     assert "Warning" not in out.stderr, out.stderr[-2000:]
+
+
+def test_a_remote_cache_decodes_in_this_process_with_the_same_batches(shared_cache: Path, tmp_path: Path) -> None:
+    from loaders.remote import RemoteOptions
+    from remote_fixtures import serve_folder
+
+    want = _digest(make_loader(ShardStream(shared_cache, **KW), num_workers=0))
+    with serve_folder(shared_cache) as (url, _):  # (this process's shard set fetches in the pass's order: no copy elsewhere)
+        loader = make_loader(ShardStream(url, remote=RemoteOptions(cache_dir=str(tmp_path / "c")), **KW), num_workers=2)
+        assert _digest(loader) == want
+        store = loader.stream.view.store
+        assert store.process is None and store._shm is None
