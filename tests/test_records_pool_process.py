@@ -54,10 +54,15 @@ def test_every_pool_is_decoded_in_the_process_and_the_batches_are_those_of_zero_
     assert here == []  # (a decode in the process appends to the process's own list)
     assert store.decodes >= 1000 and store.process.pid != os.getpid() and psutil.pid_exists(store.process.pid)
     assert Path(store._shm.name).parent == Path("/dev/shm") and Path(store._shm.name).exists()
-    loader.stream.view.store.use_process = False  # (a 0-worker pass over the same stream decodes in a thread again)
-    zero = make_loader(loader.stream, num_workers=0)
+    zero = make_loader(loader.stream, num_workers=0)  # a 0-worker pass over the same stream decodes in a thread again
     zero.set_epoch(0)
-    assert _digest(zero) == want and here
+    assert _digest(zero) == want and here and not store.use_process
+    first_zero = ShardStream(shared_cache, **KW)  # and the other way: private regions, then a process
+    assert _digest(make_loader(first_zero, num_workers=0)) == want
+    here.clear()
+    two = make_loader(first_zero, num_workers=2)
+    two.set_epoch(0)
+    assert _digest(two) == want and here == [] and first_zero.view.store._shm is not None
 
 
 def test_a_killed_decode_process_is_replaced_by_decoding_here(shared_cache: Path) -> None:

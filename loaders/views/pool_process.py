@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import tempfile
 import signal
+import tempfile
 import threading
 import warnings
 import weakref

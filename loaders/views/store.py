@@ -66,6 +66,7 @@ class RecordStore:
         self.ahead: AheadPools | None = AheadPools(first_pool) if first_pool is not None else None
         self.process: PoolProcess | None = None  # decodes into shared regions (loaders.views.pool_process), where set
         self._shm: Regions | None = None
+        self._shm_tried = False  # (the regions were allocated while a process was to decode: in /dev/shm if there was room)
         self.use_process = False  # (a pass planned in the trainer's process with workers asked for: loaders.planned)
         self.clear()
 
@@ -91,7 +92,21 @@ class RecordStore:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)  # a pickled stream (DataLoader workers) carries no decoded records
-        state.update(arrays=None, process=None, _shm=None, use_process=False, size=0, span=0, regions=0, held=np.zeros(0, np.int64), epoch_key=None, done=np.zeros(0, bool), shared=None, worker=0)
+        state.update(
+            arrays=None,
+            process=None,
+            _shm=None,
+            _shm_tried=False,
+            use_process=False,
+            size=0,
+            span=0,
+            regions=0,
+            held=np.zeros(0, np.int64),
+            epoch_key=None,
+            done=np.zeros(0, bool),
+            shared=None,
+            worker=0,
+        )
         state["ahead"] = AheadPools(self.ahead.first_pool) if self.ahead is not None else None  # (no thread, no plan maker)
         return state
 
@@ -115,7 +130,8 @@ class RecordStore:
                 return got
         ahead = self.ahead if self.ahead is not None and self.ahead.plans is not None else None
         regions = items.pool_span + (1 if ahead is not None else 0)  # (one more: the next epoch's first pool, decoded ahead)
-        if self.arrays is None or (items.pool_size, items.pool_span, regions) != (self.size, self.span, self.regions):
+        moved = self._own_process() is not None and self._shm is None and not self._shm_tried  # (private regions, now a process)
+        if self.arrays is None or moved or (items.pool_size, items.pool_span, regions) != (self.size, self.span, self.regions):
             if self.ahead is not None:
                 self.ahead.drop()
             self.size, self.span, self.regions = items.pool_size, items.pool_span, regions
@@ -216,6 +232,7 @@ class RecordStore:
             self._shm.close()
             self._shm = None
         fields = {k: (f.shape, f.dtype) for k, f in self.fields.items()}
+        self._shm_tried = self._own_process() is not None
         if self._own_process() is None or not shm_room(sum(rows * int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for s, d in fields.values())):
             return self._alloc(rows)  # (no room in /dev/shm: decoded in this process, into private memory)
         try:
