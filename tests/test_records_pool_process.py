@@ -1,8 +1,8 @@
 """Pooled ``records`` passes planned in the trainer's process with workers asked for decode their pools in a
-process of the store's own, into regions in ``/dev/shm`` (:mod:`loaders.views.pool_process`): the same
+process of the store's own, into regions of shared memory (:mod:`loaders.views.pool_process`): the same
 batches as 0 workers, every decode there, and the process's life bounded: replaced by decoding here if it
-dies, ended by ``shutdown_workers``, by the trainer's end or kill (its regions' file removed), and deaf to a
-terminal's Ctrl-C (the trainer decides)."""
+dies, ended by ``shutdown_workers``, by the trainer's end or kill (the regions are anonymous memory: nothing is left
+behind), and deaf to a terminal's Ctrl-C (the trainer decides)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,17 @@ def _digest(batches) -> list[tuple]:
     return [tuple((k, v.numpy().tobytes()) for k, v in b.items()) for b in batches]
 
 
+def _memfds() -> int:
+    """This process's descriptors of pool regions (``memfd_create``)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:cachebuild-pool")
+        except OSError:
+            pass
+    return n
+
+
 def _wait_for(cond, seconds: float = 5.0) -> bool:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -53,7 +64,8 @@ def test_every_pool_is_decoded_in_the_process_and_the_batches_are_those_of_zero_
     assert got == want
     assert here == []  # (a decode in the process appends to the process's own list)
     assert store.decodes >= 1000 and store.process.pid != os.getpid() and psutil.pid_exists(store.process.pid)
-    assert Path(store._shm.name).parent == Path("/dev/shm") and Path(store._shm.name).exists()
+    assert os.readlink(f"/proc/self/fd/{store._shm.fd}").startswith("/memfd:cachebuild-pool")  # (anonymous: no file left behind)
+    assert "memfd:cachebuild-pool" in Path(f"/proc/{store.process.pid}/maps").read_text()  # the process writes into them
     zero = make_loader(loader.stream, num_workers=0)  # a 0-worker pass over the same stream decodes in a thread again
     zero.set_epoch(0)
     assert _digest(zero) == want and here and not store.use_process
@@ -81,7 +93,8 @@ def test_a_killed_decode_process_is_replaced_by_decoding_here(shared_cache: Path
 def test_shutdown_ends_the_process_and_a_dropped_stream_removes_its_regions(shared_cache: Path) -> None:
     loader = make_loader(ShardStream(shared_cache, **KW), num_workers=2)
     first = _digest(loader)
-    process, path = loader.stream.view.store.process, Path(loader.stream.view.store._shm.name)
+    process, held = loader.stream.view.store.process, _memfds()
+    assert held >= 1
     shutdown_workers(loader)
     assert not process._proc.is_alive()
     loader.set_epoch(0)
@@ -90,7 +103,7 @@ def test_shutdown_ends_the_process_and_a_dropped_stream_removes_its_regions(shar
     later = loader.stream.view.store.process._proc
     del loader, process
     gc.collect()
-    assert _wait_for(lambda: not path.exists() and not later.is_alive())  # (the stream dropped: its store's process and regions too)
+    assert _wait_for(lambda: _memfds() < held and not later.is_alive())  # (the stream dropped: its store's process and regions too)
 
 
 def test_a_corrupt_frame_decoded_in_the_process_is_one_line_in_the_trainer(shared_cache: Path, tmp_path: Path) -> None:
@@ -125,7 +138,7 @@ _SCRIPT = textwrap.dedent(
     for _ in range(3):
         next(it)
     store = loader.stream.view.store
-    print("process", store.process.pid, store._shm.name, flush=True)
+    print("process", store.process.pid, flush=True)
     if what == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     try:
@@ -150,9 +163,8 @@ def _run(cache: Path, what: str) -> subprocess.CompletedProcess:
 def test_a_killed_trainer_leaves_no_decode_process_nor_regions(shared_cache: Path) -> None:
     out = _run(shared_cache, "kill")
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
-    _, pid, path = out.stdout.split("\n")[0].split()
+    _, pid = out.stdout.split("\n")[0].split()
     assert _wait_for(lambda: not psutil.pid_exists(int(pid)), 10.0), "the decode process outlived its trainer"
-    assert not Path(path).exists()
 
 
 @pytest.mark.timeout(240)

@@ -6,7 +6,7 @@ current one. zstd releases the GIL, but the rest of a pool's decode (planning
 the frames, laying the records out, ~1/3 of its time) takes it, from the thread
 that builds the batches. Where the trainer asked for workers (a pass planned in
 its process, :mod:`loaders.planned`), the store's regions live in shared memory
-instead and one forked process decodes into them: the decode thread only sends
+instead (:class:`Regions`) and one forked process decodes into them: the decode thread only sends
 a request and waits on the pipe. The batches do not change (the same records
 decoded into the same rows by the same code), nor does anything about the order
 of decodes (:mod:`loaders.views.pool_ahead` still waits for one before the next).
@@ -16,7 +16,8 @@ DataLoader workers are), ignores Ctrl-C (the trainer decides, as our workers
 do), gets the shard set with a request only when it changed, and ends with
 :meth:`PoolProcess.close` (the loader shut down, the store dropped and garbage
 collected, the trainer's exit) or within a second of the trainer's process
-being killed, unlinking the regions' shared memory then. A decode that raises
+being killed; the regions' memory (``memfd_create``) goes with the last process
+mapping it, whatever ends them. A decode that raises
 is raised to the batch that needs its pool, in the reader's one line; a process
 that died (killed) is replaced by decoding in this process, with a warning.
 """
@@ -26,11 +27,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import tempfile
 import threading
+import uuid
 import warnings
 import weakref
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any, Callable
 
 import numpy as np
@@ -38,19 +40,18 @@ import numpy as np
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.reader import ShardSet
 
-__all__ = ["PoolProcess", "Regions", "SHM_DIR", "shm_room"]
+__all__ = ["PoolProcess", "Regions", "shared_room"]
 
 _Spec = dict[str, tuple[tuple[int, ...], str, int]]  # field -> (shape with rows, dtype, byte offset)
 Decode = Callable[[ShardSet, np.ndarray, dict[str, np.ndarray], np.ndarray], None]
 
 
-SHM_DIR = "/dev/shm"
-
-
 class Regions:
-    """A store's region arrays in one file of ``/dev/shm`` (``arrays``; ``name``, its path, and ``spec`` to attach),
-    removed by :meth:`close` or when dropped (a file, not :class:`multiprocessing.shared_memory.SharedMemory`,
-    whose resource tracker would be one more process and warn of segments the other process attached)."""
+    """A store's region arrays in one anonymous shared-memory file (``memfd_create``: ``arrays``; ``fd`` and
+    ``spec`` to map them elsewhere, ``name`` to tell them apart). Nothing is left behind whatever ends the
+    processes (``os._exit``, a kill): the memory goes with the last descriptor and mapping. (Neither a file in
+    ``/dev/shm``, which an ``os._exit`` leaves, nor :class:`multiprocessing.shared_memory.SharedMemory`, whose
+    resource tracker is one more process and warns of segments another process attached.)"""
 
     def __init__(self, fields: dict[str, tuple[tuple[int, ...], str]], rows: int):
         self.spec: _Spec = {}
@@ -60,37 +61,32 @@ class Regions:
             self.spec[k] = (full, dtype, off)
             off += -(-int(np.prod(full, dtype=np.int64)) * np.dtype(dtype).itemsize // 64) * 64
         self.nbytes = max(off, 1)
-        fd, self.name = tempfile.mkstemp(prefix="cachebuild-pool-", dir=SHM_DIR)
-        self._free = weakref.finalize(self, _remove, self.name)
-        try:
-            os.ftruncate(fd, self.nbytes)
-        finally:
-            os.close(fd)
-        self.arrays = _arrays(_attach(self.name, self.nbytes), self.spec)
+        self.name = uuid.uuid4().hex
+        self.fd = os.memfd_create("cachebuild-pool", os.MFD_CLOEXEC)
+        self._free = weakref.finalize(self, os.close, self.fd)
+        os.ftruncate(self.fd, self.nbytes)
+        self.arrays = _arrays(_map(self.fd, self.nbytes), self.spec)
 
     def close(self) -> None:
         self.arrays = {}  # (the mapping goes with the last array viewing it)
         self._free()
 
 
-def shm_room(nbytes: int, share: float = 0.5) -> bool:
-    """Whether ``/dev/shm`` exists with ``nbytes`` free within ``share`` of its free space (else the store keeps private regions)."""
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
+def shared_room(nbytes: int, share: float = 0.5) -> bool:
+    """Whether this platform has ``memfd_create`` and ``nbytes`` is within ``share`` of the available memory (else
+    the store keeps private regions, decoded in this process)."""
+    if not hasattr(os, "memfd_create"):
         return False
-    return nbytes <= share * st.f_bavail * st.f_frsize
-
-
-def _remove(path: str) -> None:
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return False
+    return nbytes <= share * free
 
 
-def _attach(path: str, nbytes: int) -> np.ndarray:
-    return np.memmap(path, np.uint8, "r+", shape=(nbytes,))
+def _map(fd: int, nbytes: int) -> np.ndarray:
+    with os.fdopen(os.dup(fd), "r+b") as f:
+        return np.memmap(f, np.uint8, "r+", shape=(nbytes,))
 
 
 def _arrays(buf: Any, spec: _Spec) -> dict[str, np.ndarray]:
@@ -98,17 +94,16 @@ def _arrays(buf: Any, spec: _Spec) -> dict[str, np.ndarray]:
 
 
 def _serve(conn: Connection, decode: Decode, parent: int) -> None:
-    """The decode process: requests ``(path, nbytes, spec, shards or None, ids, dest)`` until ``None``, a closed pipe,
-    or the end of the trainer's process ``parent`` (checked every second)."""
+    """The decode process: requests ``(name, nbytes, spec, with_fd, shards or None, ids, dest)`` (the regions'
+    descriptor sent after it where ``with_fd``) until ``None``, a closed pipe, or the end of the trainer's process
+    ``parent`` (checked every second)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tune_malloc()
     attached: dict[str, dict[str, np.ndarray]] = {}
     shards: ShardSet | None = None
     while True:
         while not conn.poll(1.0):
-            if os.getppid() != parent:  # (killed: nothing else removes its regions' file)
-                for path in attached:
-                    _remove(path)
+            if os.getppid() != parent:
                 return
         try:
             msg = conn.recv()
@@ -116,12 +111,16 @@ def _serve(conn: Connection, decode: Decode, parent: int) -> None:
             return
         if msg is None:
             return
-        name, nbytes, spec, new, ids, dest = msg
+        name, nbytes, spec, with_fd, new, ids, dest = msg
         shards = new if new is not None else shards
         try:
-            if name not in attached:
-                attached.clear()  # (one file at a time: the store's current regions)
-                attached[name] = _arrays(_attach(name, nbytes), spec)
+            if with_fd:
+                fd = recv_handle(conn)
+                attached.clear()  # (one set of regions at a time: the store's current ones)
+                try:
+                    attached[name] = _arrays(_map(fd, nbytes), spec)
+                finally:
+                    os.close(fd)
             decode(shards, ids, attached[name], dest)  # type: ignore[arg-type]
             conn.send(None)
         except Exception as exc:  # to the trainer, as raised
@@ -141,6 +140,7 @@ class PoolProcess:
         self._lock = threading.Lock()  # one request at a time (the store's decodes already are)
         self._unread = 0  # replies not read yet (a wait interrupted): read before the next request
         self._shards: ShardSet | None = None
+        self._mapped = ""  # the regions the process has mapped
         self.dead = False
         self.owner = os.getpid()
         self._stop = weakref.finalize(self, _stop, self._conn, self._proc)
@@ -167,8 +167,15 @@ class PoolProcess:
             self._conn.recv()
             self._unread -= 1
         new = shards if shards is not self._shards else None
-        self._conn.send((regions.name, regions.nbytes, regions.spec, new, ids, dest))
-        self._shards = shards
+        with_fd = regions.name != self._mapped
+        try:
+            self._conn.send((regions.name, regions.nbytes, regions.spec, with_fd, new, ids, dest))
+            if with_fd:
+                send_handle(self._conn, regions.fd, self._proc.pid)
+        except BaseException:  # (a Ctrl-C between the two: the pipe is out of step, so the process is given up)
+            self.dead = True
+            raise
+        self._shards, self._mapped = shards, regions.name
         self._unread += 1
         error = self._conn.recv()
         self._unread -= 1

@@ -34,7 +34,7 @@ import numpy as np
 from loaders.plan import BatchItems
 from loaders.shared_pools import SharedPools
 from loaders.views.pool_ahead import PROTECTED, AheadPools, FirstPool
-from loaders.views.pool_process import PoolProcess, Regions, shm_room
+from loaders.views.pool_process import PoolProcess, Regions, shared_room
 from cachebuild.format.reader import ShardSet
 
 __all__ = ["Dense", "DecodeInto", "RecordStore"]
@@ -66,7 +66,7 @@ class RecordStore:
         self.ahead: AheadPools | None = AheadPools(first_pool) if first_pool is not None else None
         self.process: PoolProcess | None = None  # decodes into shared regions (loaders.views.pool_process), where set
         self._shm: Regions | None = None
-        self._shm_tried = False  # (the regions were allocated while a process was to decode: in /dev/shm if there was room)
+        self._shm_tried = False  # (the regions were allocated while a process was to decode: shared if there was room)
         self.use_process = False  # (a pass planned in the trainer's process with workers asked for: loaders.planned)
         self.clear()
 
@@ -233,8 +233,8 @@ class RecordStore:
             self._shm = None
         fields = {k: (f.shape, f.dtype) for k, f in self.fields.items()}
         self._shm_tried = self._own_process() is not None
-        if self._own_process() is None or not shm_room(sum(rows * int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for s, d in fields.values())):
-            return self._alloc(rows)  # (no room in /dev/shm: decoded in this process, into private memory)
+        if self._own_process() is None or not shared_room(sum(rows * int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for s, d in fields.values())):
+            return self._alloc(rows)  # (no memfd, or no room: decoded in this process, into private memory)
         try:
             self._shm = Regions(fields, rows)
         except OSError:
