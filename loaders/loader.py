@@ -26,6 +26,7 @@ from loaders.batch import Batch, PackedBatch
 from loaders.epoch_start import EpochStartSampler
 from loaders.fork_settle import settle_before_fork
 from loaders.handover import Handover, clean_worker_error
+from loaders.planned import close_pool_process, decode_where, handover_patience, planned_here
 from loaders.shared_pools import SharedPools, shared_pools_for
 from loaders.slots import ZERO_COPY_HELD, SlotRings, register, unregister
 from loaders.state import make_state
@@ -100,6 +101,7 @@ class StreamLoader(DataLoader[Any]):
         self.stream.begin_pass()  # the stream the trainer holds: its generation (and state) follow the pass
         token = self.stream._progress.token  # this pass counts while it holds it (loaders.passes)
         self._lookahead = 0
+        decode_where(self)  # (pooled records: in a process of the store's own when planned here)
         if self._direct() or self._planned_here():
             return self._deliver(iter(self.dataset), token)
         settle_before_fork(self)  # (DDP, Python <= 3.11: a fork right after begin_pass's collective can hang)
@@ -114,14 +116,8 @@ class StreamLoader(DataLoader[Any]):
 
     def _planned_here(self) -> bool:
         """Whether a pass with workers is planned on the hand-over thread of this process instead of in
-        worker processes: ``twins`` batches of ``compact="pool"`` are a few index arrays whose graphs the
-        consumer's :class:`loaders.TwinsContext` decodes in this process, so a worker would only add a
-        process round trip per batch (0.5-0.7x the rows/s of 0 workers; planned here 0.8-0.97x, and still
-        ahead of the trainer's step; pinned there too, where the workers' batches are pinned by torch's
-        pin thread). A trainer that finds no batch ready plans the next one itself (``Handover(shared=True)``). Not with a ``collate_fn`` or a ``worker_init_fn`` of the caller's: those ask for the
-        workers (docs/DECISIONS.md, "`compact="pool"` batches are planned in the trainer's process")."""
-        custom = self.collate_fn is not default_convert or self.worker_init_fn is not None
-        return self.num_workers > 0 and self.handover > 0 and not custom and getattr(self.stream.view, "compact", None) == "pool"
+        worker processes (``twins`` with ``compact="pool"``, pooled ``records``: :mod:`loaders.planned`)."""
+        return planned_here(self)
 
     def _deliver(self, it: Iterator[PackedBatch], token: int) -> Iterator[Batch]:
         progress = self.stream._progress
@@ -130,7 +126,7 @@ class StreamLoader(DataLoader[Any]):
         prepare = _pinned_unpack if here and self.pin_memory and torch.cuda.is_available() else PackedBatch.unpack
         ahead = None
         try:  # (made inside: a Ctrl-C right after the thread starts still closes it, in ``finally``)
-            ahead = self._ahead = Handover(it, prepare, depth, shared=here) if self.handover > 0 and self.num_workers > 0 else None
+            ahead = self._ahead = Handover(it, prepare, depth, shared=here, patience_s=handover_patience(self)) if self.handover > 0 and self.num_workers > 0 else None
             # unpack: copied out of the worker's slot (already done when pinned); on the
             # handover thread when there is one. Progress counts what the trainer receives,
             # while this pass holds its token: superseded (load_state_dict, set_epoch, a newer
@@ -240,6 +236,7 @@ def shutdown_workers(loader: Any) -> None:
     if ahead is not None:  # first the hand-over thread lets go of the workers (bounded wait)
         ahead.close()
         loader._ahead = None
+    close_pool_process(loader)
     it = getattr(loader, "_iterator", None)
     if it is not None and hasattr(it, "_shutdown_workers"):
         it._shutdown_workers()

@@ -78,3 +78,35 @@ def test_close_midway_ends_the_thread() -> None:
     time.sleep(0.05)  # the thread fills the queue and waits for room
     assert ahead.close(timeout=2)
     assert len(who) < 20, "the thread stops taking items once the queue is full"
+
+
+def test_with_patience_a_consumer_back_at_once_takes_every_item_itself() -> None:
+    who: list[str] = []
+    ahead = Handover(_source(300, who, delay=0.0002), lambda x: x, 4, shared=True, patience_s=0.005)
+    assert list(ahead) == list(range(300))
+    assert ahead.close(timeout=2)
+    assert set(who) == {"MainThread"}, "no hand-off per item while the consumer does not step away"
+
+
+def test_with_patience_a_consumer_in_longer_steps_finds_items_ready() -> None:
+    who: list[str] = []
+    ahead = Handover(_source(60, who, delay=0.0005), lambda x: x, 4, shared=True, patience_s=0.001)
+    got = []
+    for item in ahead:
+        got.append(item)
+        time.sleep(0.005)  # a step longer than the patience: the thread works ahead
+    assert ahead.close(timeout=2)
+    assert got == list(range(60))
+    assert who.count("cachebuild-handover") >= 50
+
+
+@pytest.mark.parametrize("patience", [0.0, 0.001])
+def test_close_does_not_wait_for_the_threads_poll(patience: float) -> None:
+    who: list[str] = []
+    ahead = Handover(_source(10_000, who), lambda x: x, 2, shared=True, patience_s=patience)
+    it = iter(ahead)
+    assert [next(it) for _ in range(3)] == list(range(3))
+    time.sleep(0.05)  # the thread waits: for room (queue full) or for work (the consumer is quick)
+    start = time.monotonic()
+    assert ahead.close(timeout=2)
+    assert time.monotonic() - start < 0.05, "close woke the thread rather than waiting for its 0.1 s poll"

@@ -149,5 +149,5 @@ class AheadPools:
                 arr[lo:hi] = 0
         store.done[lo:hi] = False
         store.held[r] = PROTECTED if later else q + 1
-        arrays, decode = store.arrays, store.decode
+        arrays, decode = store.arrays, store.decode_rows  # (in the store's decode process where it has one)
         self.pending = AheadDecode(0 if later else q + 1, r, ids, lo + np.arange(len(ids), dtype=np.int64), lambda i, d: decode(shards, i, arrays, d), key, plan_id, later)

@@ -25,6 +25,7 @@ per worker); it keeps its private regions for batches that cannot use them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -33,6 +34,7 @@ import numpy as np
 from loaders.plan import BatchItems
 from loaders.shared_pools import SharedPools
 from loaders.views.pool_ahead import PROTECTED, AheadPools, FirstPool
+from loaders.views.pool_process import PoolProcess, Regions, shared_room
 from cachebuild.format.reader import ShardSet
 
 __all__ = ["Dense", "DecodeInto", "RecordStore"]
@@ -62,6 +64,10 @@ class RecordStore:
         self.worker = 0
         # decodes ahead in a thread (loaders.views.pool_ahead), for a store given first_pool, where attach() allows
         self.ahead: AheadPools | None = AheadPools(first_pool) if first_pool is not None else None
+        self.process: PoolProcess | None = None  # decodes into shared regions (loaders.views.pool_process), where set
+        self._shm: Regions | None = None
+        self._shm_tried = False  # (the regions were allocated while a process was to decode: shared if there was room)
+        self.use_process = False  # (a pass planned in the trainer's process with workers asked for: loaders.planned)
         self.clear()
 
     def attach(self, shared: SharedPools | None, worker: int, ahead: Callable[[int], Any] | None = None) -> None:
@@ -76,6 +82,9 @@ class RecordStore:
         if self.ahead is not None:
             self.ahead.drop()
         self.arrays: dict[str, np.ndarray] | None = None
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
         self.size = self.span = self.regions = 0
         self.held = np.zeros(0, np.int64)  # pool id per region, -1 when free
         self.epoch_key: tuple[Any, ...] | None = None
@@ -83,7 +92,21 @@ class RecordStore:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)  # a pickled stream (DataLoader workers) carries no decoded records
-        state.update(arrays=None, size=0, span=0, regions=0, held=np.zeros(0, np.int64), epoch_key=None, done=np.zeros(0, bool), shared=None, worker=0)
+        state.update(
+            arrays=None,
+            process=None,
+            _shm=None,
+            _shm_tried=False,
+            use_process=False,
+            size=0,
+            span=0,
+            regions=0,
+            held=np.zeros(0, np.int64),
+            epoch_key=None,
+            done=np.zeros(0, bool),
+            shared=None,
+            worker=0,
+        )
         state["ahead"] = AheadPools(self.ahead.first_pool) if self.ahead is not None else None  # (no thread, no plan maker)
         return state
 
@@ -107,11 +130,12 @@ class RecordStore:
                 return got
         ahead = self.ahead if self.ahead is not None and self.ahead.plans is not None else None
         regions = items.pool_span + (1 if ahead is not None else 0)  # (one more: the next epoch's first pool, decoded ahead)
-        if self.arrays is None or (items.pool_size, items.pool_span, regions) != (self.size, self.span, self.regions):
+        moved = self._own_process() is not None and self._shm is None and not self._shm_tried  # (private regions, now a process)
+        if self.arrays is None or moved or (items.pool_size, items.pool_span, regions) != (self.size, self.span, self.regions):
             if self.ahead is not None:
                 self.ahead.drop()
             self.size, self.span, self.regions = items.pool_size, items.pool_span, regions
-            self.arrays = self._alloc(self.size * regions)
+            self.arrays = self._alloc_regions(self.size * regions)
             self.held = np.full(regions, -1, np.int64)
             self.done = np.zeros(self.size * regions, bool)
         if items.plan_key != self.epoch_key:
@@ -197,6 +221,34 @@ class RecordStore:
             out[pools == q] = r
         return out
 
+    def _own_process(self) -> PoolProcess | None:
+        """The decode process, where this process started it (a forked DataLoader worker inherits the object, not the pipe's use)."""
+        p = self.process
+        return p if self.use_process and p is not None and p.owner == os.getpid() and not p.dead else None
+
+    def _alloc_regions(self, rows: int) -> dict[str, np.ndarray]:
+        """The regions' arrays: in shared memory where a process decodes into them."""
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
+        fields = {k: (f.shape, f.dtype) for k, f in self.fields.items()}
+        self._shm_tried = self._own_process() is not None
+        if self._own_process() is None or not shared_room(sum(rows * int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for s, d in fields.values())):
+            return self._alloc(rows)  # (no memfd, or no room: decoded in this process, into private memory)
+        try:
+            self._shm = Regions(fields, rows)
+        except OSError:
+            return self._alloc(rows)
+        return self._shm.arrays
+
+    def decode_rows(self, shards: ShardSet, ids: np.ndarray, arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
+        """``decode`` of records ``ids`` into ``arrays[k][dest]``: in the store's process where ``arrays`` are its regions."""
+        process = self._own_process()
+        if process is not None and self._shm is not None and arrays is self._shm.arrays:
+            process(shards, ids, self._shm, dest)
+        else:
+            self.decode(shards, ids, arrays, dest)
+
     def _decode(self, shards: ShardSet, ids: np.ndarray, arrays: dict[str, np.ndarray], dest: np.ndarray) -> None:
-        self.decode(shards, ids, arrays, dest)
+        self.decode_rows(shards, ids, arrays, dest)
         self.decodes += len(ids)
