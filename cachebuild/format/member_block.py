@@ -32,7 +32,7 @@ from cachebuild.format.json_text import compact_encoder, nonfinite_at
 from cachebuild.format.limits import MAX_JSON_BYTES
 from cachebuild.format.names import JSON_DTYPE
 from cachebuild.format.npy import npy_headers
-from cachebuild.format.packing import group_starts, is_first_entry, tar_order
+from cachebuild.format.packing import SHARE_BYTES, group_starts, is_first_entry, tar_order
 from cachebuild.format.shared_frames import frame_cuts, shared_compressor
 
 try:  # ISA-L's crc32: zlib's checksum (the same values), about 2.5x faster on a raw graph's members
@@ -247,7 +247,7 @@ def _shared_run(cctx: Any, pieces: list[Any], raw_len: np.ndarray, rows: np.ndar
     tar_pieces[::2] = [pieces[2 * i] for i in idx]
     tar_pieces[1::2] = [pieces[2 * i + 1] for i in idx]
     count = np.diff(np.append(starts, len(order)))
-    frames = _compress_frames(cctx, b"".join(tar_pieces), frame_len, count > 1)
+    frames = _compress_frames(cctx, b"".join(tar_pieces), frame_len, count > 1, share)
     fsize = np.fromiter(map(len, frames), np.int64, len(frames))
     fid = np.cumsum(opens) - 1
     bodies: list[Any] = [b""] * len(order)
@@ -257,10 +257,12 @@ def _shared_run(cctx: Any, pieces: list[Any], raw_len: np.ndarray, rows: np.ndar
     return EncodedRun(None, bodies, fsize[fid], rows, int(raw_len.sum()), order, stored)
 
 
-def _compress_frames(cctx: Any, data: bytes, lens: np.ndarray, shared: np.ndarray) -> list[Any]:
+def _compress_frames(cctx: Any, data: bytes, lens: np.ndarray, shared: np.ndarray, share: int) -> list[Any]:
     """One zstd frame per consecutive slice of ``data`` (``lens`` bytes each): with ``cctx``, or, for a
-    frame of several entries (``shared``), at :data:`~cachebuild.format.shared_frames.SHARED_LEVEL`."""
-    if not shared.any():
+    frame of several entries (``shared``) of a build whose ``share`` is at most the default
+    :data:`~cachebuild.format.packing.SHARE_BYTES`, at :data:`~cachebuild.format.shared_frames.SHARED_LEVEL`
+    (a larger share, for pooled reads, keeps the build's level: see there)."""
+    if not shared.any() or share > SHARE_BYTES:
         return _compress_joined(cctx, data, lens)
     ends = np.cumsum(lens)
     view = memoryview(data)

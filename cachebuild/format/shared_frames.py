@@ -73,10 +73,14 @@ class FrameLayout:
 
 
 SHARED_LEVEL = -1
-"""zstd level of a frame of several entries, whatever ``codec.level``: a random read decodes a whole
-shared frame for one record, and at level -1 that costs 0.6 instead of 1.9 us for 512 int16 labels
+"""zstd level of a frame of several entries in a build whose ``codec.share`` is at most the default
+(:data:`~cachebuild.format.packing.SHARE_BYTES`, 1 KiB), whatever ``codec.level``: a random read decodes a
+whole shared frame for one record, and at level -1 that costs 0.6 instead of 1.9 us for 512 int16 labels
 (1.9 instead of 1.05 bytes per label stored) and 0.8 instead of 2.1 us for 1 KB of JSON lines
-(18.6 instead of 16.5 bytes per line; measured CPU time, zstd 1.5)."""
+(18.6 instead of 16.5 bytes per line; measured CPU time, zstd 1.5). A larger ``share`` (up to 64 KiB,
+a cache built for pooled reads, which decode each frame whole once per epoch) keeps ``codec.level``:
+level -1 stored 2 KB float16 mel records at a ratio of 1.01 where level 1 gives 1.2 (docs/DECISIONS.md,
+"Shared frames of a pooled-read build keep the build's level")."""
 
 
 def shared_compressor() -> Any:
