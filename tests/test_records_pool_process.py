@@ -7,6 +7,7 @@ behind), and deaf to a terminal's Ctrl-C (the trainer decides)."""
 from __future__ import annotations
 
 import gc
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -88,6 +90,27 @@ def test_a_killed_decode_process_is_replaced_by_decoding_here(shared_cache: Path
         os.kill(pid, signal.SIGKILL)
         got += _digest(it) + _digest(loader)
     assert got == want
+
+
+def _drop_and_collect(box: list) -> None:
+    box.clear()  # (this forked child's copy of the loader, its stream and store)
+    gc.collect()
+
+
+def test_a_forked_child_dropping_its_copy_of_the_stream_leaves_the_decode_process_alone(shared_cache: Path) -> None:
+    box = [make_loader(ShardStream(shared_cache, **KW), num_workers=2)]
+    first = _digest(box[0])
+    process = box[0].stream.view.store.process._proc
+    child = mp.get_context("fork").Process(target=_drop_and_collect, args=(box,))  # (a worker, a user's fork, another store's process)
+    child.start()
+    child.join(10.0)
+    assert child.exitcode == 0
+    time.sleep(0.2)
+    assert process.is_alive()  # (the child's finalizer of the store's process sent it the stop message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        box[0].set_epoch(0)
+        assert _digest(box[0]) == first and box[0].stream.view.store.process._proc is process
 
 
 def test_shutdown_ends_the_process_and_a_dropped_stream_removes_its_regions(shared_cache: Path) -> None:
