@@ -82,6 +82,7 @@ def decode_where(loader: Any) -> None:
     here = planned_here(loader) and getattr(loader, "decode_process", True) and getattr(loader.stream, "remote", None) is None
     p = store.process
     if here and (p is None or p.dead or p.owner != os.getpid()):
+        store.drop_private()  # (before the fork: else the process keeps a copy of them once this one lets go)
         store.process = PoolProcess(store.decode)
     store.use_process = here
 

@@ -7,6 +7,7 @@ behind), and deaf to a terminal's Ctrl-C (the trainer decides)."""
 from __future__ import annotations
 
 import gc
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -14,11 +15,14 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
+from cachebuild import FunctionSource, build
 from cachebuild.errors import ShardCorruptError
 from loaders import ShardStream, make_loader
 from loaders.loader import shutdown_workers
@@ -88,6 +92,52 @@ def test_a_killed_decode_process_is_replaced_by_decoding_here(shared_cache: Path
         os.kill(pid, signal.SIGKILL)
         got += _digest(it) + _digest(loader)
     assert got == want
+
+
+def _drop_and_collect(box: list) -> None:
+    box.clear()  # (this forked child's copy of the loader, its stream and store)
+    gc.collect()
+
+
+def test_a_forked_child_dropping_its_copy_of_the_stream_leaves_the_decode_process_alone(shared_cache: Path) -> None:
+    box = [make_loader(ShardStream(shared_cache, **KW), num_workers=2)]
+    first = _digest(box[0])
+    process = box[0].stream.view.store.process._proc
+    child = mp.get_context("fork").Process(target=_drop_and_collect, args=(box,))  # (a worker, a user's fork, another store's process)
+    child.start()
+    child.join(10.0)
+    assert child.exitcode == 0
+    time.sleep(0.2)
+    assert process.is_alive()  # (the child's finalizer of the store's process sent it the stop message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        box[0].set_epoch(0)
+        assert _digest(box[0]) == first and box[0].stream.view.store.process._proc is process
+
+
+def _wide_record(rng, index: int) -> dict:
+    return {"x": rng.normal(size=int(rng.integers(2000, 4000))).astype(np.float32)}
+
+
+def _private_mb(pid: int) -> float:
+    """``Private_Dirty`` of process ``pid`` (pages no other process maps), in MB."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith("Private_Dirty")) / 1024
+
+
+def test_a_stream_read_at_zero_workers_leaves_no_copy_of_its_private_regions_in_the_decode_process(tmp_path: Path) -> None:
+    root = tmp_path / "wide"
+    build(FunctionSource.per_record(_wide_record, {"x": "float32"}), root, records=2000, workers=1, shard_mb=4, pack=8, share=65536, progress=False)
+    kw = {"view": "records", "batch_size": 64, "seed": 0, "mix": 1000}
+    read_before = ShardStream(root, **kw)
+    want = _digest(make_loader(read_before, num_workers=0))
+    private = sum(a.nbytes for a in read_before.view.store.arrays.values()) / 2**20  # (regions in this process's memory)
+    assert private > 30
+    moved, fresh = make_loader(read_before, num_workers=2), make_loader(ShardStream(root, **kw), num_workers=2)
+    moved.set_epoch(0)
+    assert _digest(moved) == want == _digest(fresh)  # (fresh's process forked after moved's: this process's heap alike)
+    extra = _private_mb(moved.stream.view.store.process.pid) - _private_mb(fresh.stream.view.store.process.pid)
+    assert extra < private / 2, (extra, private)  # (the forked process kept the regions this process then freed)
 
 
 def test_shutdown_ends_the_process_and_a_dropped_stream_removes_its_regions(shared_cache: Path) -> None:

@@ -143,7 +143,7 @@ class PoolProcess:
         self._mapped = ""  # the regions the process has mapped
         self.dead = False
         self.owner = os.getpid()
-        self._stop = weakref.finalize(self, _stop, self._conn, self._proc)
+        self._stop = weakref.finalize(self, _stop, self._conn, self._proc, self.owner)
 
     @property
     def pid(self) -> int | None:
@@ -193,7 +193,13 @@ class PoolProcess:
                 self._lock.release()
 
 
-def _stop(conn: Connection, proc: Any) -> None:
+def _stop(conn: Connection, proc: Any, owner: int) -> None:
+    """End the decode process ``proc`` of process ``owner``. In a forked child (a DataLoader worker, another
+    store's decode process, a user's fork) that drops its copy of the store, only that copy's pipe end is
+    closed: the stop message would end the trainer's process, and only its parent may join it."""
+    if os.getpid() != owner:
+        conn.close()
+        return
     try:
         conn.send(None)
     except (OSError, ValueError):

@@ -90,6 +90,13 @@ class RecordStore:
         self.epoch_key: tuple[Any, ...] | None = None
         self.done = np.zeros(0, bool)
 
+    def drop_private(self) -> None:
+        """Forget records decoded into private regions (a stream read at 0 workers), before a decode process
+        is forked: they move to shared memory at the next batch anyway (:meth:`rows`), and a forked process
+        would keep its copy of them (its pages, once this process frees its own) for as long as it lives."""
+        if self.arrays is not None and self._shm is None:
+            self.clear()
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)  # a pickled stream (DataLoader workers) carries no decoded records
         state.update(
