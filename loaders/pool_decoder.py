@@ -34,6 +34,7 @@ from cachebuild.errors import SharedMemoryError
 from cachebuild.format.malloc import settle_heap, tune_malloc
 from cachebuild.format.reader import ShardSet
 from loaders.loader import shm_free_bytes
+from loaders.views.pool_process import next_request
 from loaders.views.twins import decode_twins
 
 __all__ = ["Pending", "ThreadDecoder", "ProcessDecoder", "decode_rows", "DECODERS"]
@@ -90,17 +91,12 @@ def _serve(conn: Connection, name: str, spec: _Spec, decode: list[str], threads:
     try:
         host, shards = _arrays(shm.buf, spec), None
         while True:
-            while not conn.poll(1.0):
-                if os.getppid() != parent:
-                    try:
-                        shm.unlink()
-                    except FileNotFoundError:  # another decode process of the same context was first
-                        pass
-                    return
-            try:
-                msg = conn.recv()
-            except EOFError:
-                return
+            msg, orphaned = next_request(conn, parent)
+            if orphaned:
+                try:
+                    shm.unlink()
+                except FileNotFoundError:  # another decode process of the same context was first
+                    pass
             if msg is None:
                 return
             new, ids, lo, zero = msg

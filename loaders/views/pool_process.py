@@ -40,7 +40,7 @@ import numpy as np
 from cachebuild.format.malloc import tune_malloc
 from cachebuild.format.reader import ShardSet
 
-__all__ = ["PoolProcess", "Regions", "shared_room"]
+__all__ = ["PoolProcess", "Regions", "shared_room", "next_request"]
 
 _Spec = dict[str, tuple[tuple[int, ...], str, int]]  # field -> (shape with rows, dtype, byte offset)
 Decode = Callable[[ShardSet, np.ndarray, dict[str, np.ndarray], np.ndarray], None]
@@ -93,6 +93,19 @@ def _arrays(buf: Any, spec: _Spec) -> dict[str, np.ndarray]:
     return {k: np.ndarray(shape, dtype, buffer=buf, offset=off) for k, (shape, dtype, off) in spec.items()}
 
 
+def next_request(conn: Connection, parent: int) -> tuple[Any, bool]:
+    """A decode process's next request from the trainer: ``(request, False)``; ``(None, False)`` once told to
+    stop or the pipe is closed; ``(None, True)`` once the trainer's process ``parent`` has ended (killed: its
+    pipe may stay open in processes forked from it since, so that is checked every second)."""
+    while not conn.poll(1.0):
+        if os.getppid() != parent:
+            return None, True
+    try:
+        return conn.recv(), False
+    except EOFError:
+        return None, False
+
+
 def _serve(conn: Connection, decode: Decode, parent: int) -> None:
     """The decode process: requests ``(name, nbytes, spec, with_fd, shards or None, ids, dest)`` (the regions'
     descriptor sent after it where ``with_fd``) until ``None``, a closed pipe, or the end of the trainer's process
@@ -102,13 +115,7 @@ def _serve(conn: Connection, decode: Decode, parent: int) -> None:
     attached: dict[str, dict[str, np.ndarray]] = {}
     shards: ShardSet | None = None
     while True:
-        while not conn.poll(1.0):
-            if os.getppid() != parent:
-                return
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
+        msg, _ = next_request(conn, parent)
         if msg is None:
             return
         name, nbytes, spec, with_fd, new, ids, dest = msg
